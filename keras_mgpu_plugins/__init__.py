@@ -1,0 +1,59 @@
+"""keras_mgpu_plugins: existing Keras projects on several GPUs or machines.
+
+Public API; heavy modules (TensorFlow, callbacks, W&B) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from keras_mgpu_plugins._version import __version__
+from keras_mgpu_plugins.errors import WeightsOutOfSyncError
+from keras_mgpu_plugins.topology import Topology, TopologyError, topology
+
+if TYPE_CHECKING:  # pragma: no cover
+    from keras_mgpu_plugins import callbacks, collective, compat
+    from keras_mgpu_plugins.devices import simulate_devices
+    from keras_mgpu_plugins.launch import launch
+    from keras_mgpu_plugins.multi_gpu import multi_gpu_model
+    from keras_mgpu_plugins.parallelize import parallelize
+
+__all__ = [
+    "Topology",
+    "TopologyError",
+    "WeightsOutOfSyncError",
+    "__version__",
+    "callbacks",
+    "collective",
+    "compat",
+    "launch",
+    "multi_gpu_model",
+    "parallelize",
+    "simulate_devices",
+    "topology",
+]
+
+_LAZY = {
+    "parallelize": ("keras_mgpu_plugins.parallelize", "parallelize"),
+    "simulate_devices": ("keras_mgpu_plugins.devices", "simulate_devices"),
+    "launch": ("keras_mgpu_plugins.launch", "launch"),
+    "multi_gpu_model": ("keras_mgpu_plugins.multi_gpu", "multi_gpu_model"),
+    "callbacks": ("keras_mgpu_plugins.callbacks", None),
+    "collective": ("keras_mgpu_plugins.collective", None),
+    "compat": ("keras_mgpu_plugins.compat", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'keras_mgpu_plugins' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,132 @@
+"""The few cross-worker primitives that callbacks need.
+
+Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask:
+
+- `is_chief()`, `worker_index()`, `num_workers()`: read lazily, at call time;
+- `all_gather(vector)`: every worker's vector, stacked in worker order;
+- `agree(flag)`: one boolean every worker holds after the call;
+- `broadcast(value)`: the chief's value, on every worker.
+
+Each is a collective: every worker must call it, in the same order, with
+vectors of the same shape and dtype. In a single process (or under a strategy
+that spans one worker) the answer is computed locally, so one code path serves
+both cases.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from keras_mgpu_plugins import topology as _topology
+
+
+def is_chief() -> bool:
+    """Whether this process is the chief (writes files, logs, uploads)."""
+    return _topology.topology_from_env(_environ()).is_chief
+
+
+def worker_index() -> int:
+    """This process's rank among the workers (0 for the chief)."""
+    return _topology.topology_from_env(_environ()).worker_index
+
+
+def num_workers() -> int:
+    """Number of processes that train together."""
+    return _topology.topology_from_env(_environ()).num_workers
+
+
+def _environ() -> Any:
+    import os
+
+    return os.environ
+
+
+def spans_workers(strategy: Any | None = None) -> bool:
+    """Whether `strategy` (default: the current one) communicates across workers."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    return _workers_in(strategy) > 1
+
+
+def _workers_in(strategy: Any) -> int:
+    return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+
+
+def all_gather(vector: Any, strategy: Any | None = None) -> np.ndarray:
+    """Gathers one array from every worker, stacked in worker order.
+
+    Exact for every value: the vector travels through a sum all-reduce in which
+    every other worker contributes zeros to its slot.
+
+    Args:
+        vector: An array-like; same shape and dtype on every worker. Floating
+            values travel as float64, integers and booleans as int64.
+        strategy: The strategy whose workers take part (default: the current).
+
+    Returns:
+        An array of shape `(num_workers, *vector.shape)`.
+    """
+    array = np.asarray(vector)
+    if array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer):
+        wire = array.astype(np.int64)
+    else:
+        wire = array.astype(np.float64)
+    if not spans_workers(strategy):
+        return wire[None].astype(array.dtype) if array.dtype != np.bool_ else array[None]
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    workers = _workers_in(strategy)
+    rank = _task_rank(strategy)
+    slots = np.zeros((workers, *wire.shape), dtype=wire.dtype)
+    slots[rank] = wire
+    local = len(strategy.extended.worker_devices)
+    zeros = np.zeros_like(slots)
+
+    def value_fn(ctx: Any) -> Any:
+        first_local = ctx.replica_id_in_sync_group % local == 0
+        return tf.constant(slots if first_local else zeros)
+
+    per_replica = strategy.experimental_distribute_values_from_function(value_fn)
+    summed = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
+    return summed.astype(np.bool_) if array.dtype == np.bool_ else summed.astype(array.dtype)
+
+
+def agree(flag: bool, strategy: Any | None = None, how: str = "any") -> bool:
+    """One boolean decision that every worker holds after the call.
+
+    Args:
+        flag: This worker's vote.
+        strategy: The strategy whose workers take part (default: the current).
+        how: `"any"` (true if one worker votes true), `"all"`, or `"chief"`
+            (the chief's vote).
+
+    Returns:
+        The same boolean on every worker.
+    """
+    if how not in ("any", "all", "chief"):
+        raise ValueError(f'how must be "any", "all" or "chief". Received: how={how!r}')
+    votes = all_gather(np.array([bool(flag)]), strategy)[:, 0]
+    if how == "chief":
+        return bool(votes[0])
+    return bool(votes.any() if how == "any" else votes.all())
+
+
+def broadcast(value: Any, strategy: Any | None = None, root: int = 0) -> np.ndarray:
+    """The `root` worker's array (default: the chief's), on every worker."""
+    return all_gather(value, strategy)[root]
+
+
+def _task_rank(strategy: Any) -> int:
+    resolver = strategy.cluster_resolver
+    task_type, task_id = resolver.task_type, resolver.task_id
+    spec = resolver.cluster_spec().as_dict()
+    has_chief = "chief" in spec and spec["chief"]
+    if task_type == "chief":
+        return 0
+    return int(task_id) + (1 if has_chief else 0)

@@ -1,0 +1,71 @@
+"""Logical devices: try multi-device code on one physical device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RuntimeAlreadyStartedError(RuntimeError):
+    """TensorFlow's runtime started before devices could be configured."""
+
+
+def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
+    """Splits this process's device into `n` logical devices.
+
+    With a GPU, the first GPU is split into `n` logical GPUs of
+    `memory_limit_mb` each (default: 1024); without one, the CPU is split into
+    `n` logical CPUs. `MirroredStrategy` (and `kmp.parallelize(strategy="mirrored")`)
+    then replicates over them, so multi-device code runs, and is tested, on a
+    laptop. Call it first thing, before TensorFlow runs any operation.
+
+    Args:
+        n: Number of logical devices, at least 1.
+        memory_limit_mb: Memory of each logical GPU. Ignored without a GPU.
+
+    Returns:
+        The names of the logical devices, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
+
+    Raises:
+        ValueError: If `n` is not a positive integer.
+        RuntimeAlreadyStartedError: If TensorFlow's runtime already started
+            (a different split is asked for than the one in force).
+
+    Example:
+        >>> import keras_mgpu_plugins as kmp
+        >>> kmp.simulate_devices(2)
+        ['/device:CPU:0', '/device:CPU:1']
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer. Received: n={n!r}")
+    if memory_limit_mb is not None and memory_limit_mb <= 0:
+        raise ValueError(
+            f"memory_limit_mb must be positive. Received: memory_limit_mb={memory_limit_mb!r}"
+        )
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    kind = "GPU" if gpus else "CPU"
+    physical = gpus[0] if gpus else tf.config.list_physical_devices("CPU")[0]
+    if gpus:
+        configs = [
+            tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb or 1024)
+            for _ in range(n)
+        ]
+    else:
+        configs = [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    current = tf.config.get_logical_device_configuration(physical)
+    try:
+        tf.config.set_logical_device_configuration(physical, configs)
+    except RuntimeError as err:
+        if current is not None and len(current) == n:
+            return _names(tf, kind)  # already split this way: nothing to do
+        raise RuntimeAlreadyStartedError(
+            f"simulate_devices({n}) must run before TensorFlow starts its runtime "
+            f"(TensorFlow said: {err}). Call it at the top of your script, before any "
+            "tensor, layer, model, tf.data pipeline or strategy is created."
+        ) from None
+    return _names(tf, kind)
+
+
+def _names(tf: Any, kind: str) -> list[str]:
+    return [d.name for d in tf.config.list_logical_devices(kind)]

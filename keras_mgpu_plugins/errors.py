@@ -1,0 +1,21 @@
+"""Exceptions raised across the package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WeightsOutOfSyncError(RuntimeError):
+    """Replicas or workers hold different values for a variable that should be in sync.
+
+    Raised on every worker at the same step by
+    `kmp.callbacks.WeightSyncVerifier(on_mismatch="raise")`.
+
+    Attributes:
+        mismatches: One record per variable that differs: its path, which
+            replicas/workers differ, and by how much.
+    """
+
+    def __init__(self, message: str, mismatches: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.mismatches = list(mismatches or [])

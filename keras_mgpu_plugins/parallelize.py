@@ -1,0 +1,124 @@
+"""`@parallelize`: run a model factory under the right `tf.distribute` strategy."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+from keras_mgpu_plugins import strategy as _strategy
+from keras_mgpu_plugins.topology import topology
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def parallelize(factory: F) -> F: ...
+
+
+@overload
+def parallelize(
+    factory: None = None,
+    *,
+    strategy: Any = "auto",
+    devices: Sequence[str] | None = None,
+    require_compiled: bool = True,
+) -> Callable[[F], F]: ...
+
+
+def parallelize(
+    factory: Callable[..., Any] | None = None,
+    *,
+    strategy: Any = "auto",
+    devices: Sequence[str] | None = None,
+    require_compiled: bool = True,
+) -> Any:
+    """Decorates a model factory so its model is built and compiled for several devices.
+
+    The factory runs inside the strategy's scope, so its variables are mirrored
+    and its optimizer belongs to the strategy; the model comes back built and
+    compiled there, and `model.fit` distributes each global batch.
+
+    `strategy="auto"` picks, from `kmp.topology()`: several workers (TF_CONFIG,
+    SLURM, `kmp-launch`) → `MultiWorkerMirroredStrategy`; else several local
+    devices → `MirroredStrategy`; else TensorFlow's default strategy. A
+    multi-worker strategy is created when the decorator is applied, because
+    TensorFlow needs it before its runtime starts; the Keras fixes of
+    `kmp.compat.patch_keras()` are applied with it.
+
+    Args:
+        factory: The model factory, when used as a bare `@parallelize`.
+        strategy: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`, or a
+            `tf.distribute.Strategy` instance. One strategy per process: every
+            factory decorated with the same choice shares it.
+        devices: For `"mirrored"`: the devices to replicate on.
+        require_compiled: Raise if the factory returns an uncompiled model
+            under a distributing strategy (its optimizer must be created in
+            the scope).
+
+    Returns:
+        The wrapped factory (same name, docstring and arguments), or a
+        decorator when `factory` is not given.
+
+    Raises:
+        ValueError: For an unknown strategy name or misplaced `devices`.
+        StrategyError: If a multi-worker strategy is needed after TensorFlow's
+            runtime started.
+
+    Example:
+        >>> @kmp.parallelize
+        ... def build_model(units=64):
+        ...     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(units)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        ...     return model
+        >>> model = build_model(units=32)   # built and compiled under the strategy
+    """
+    if factory is not None and not callable(factory):
+        raise TypeError(
+            "parallelize takes a model factory (a callable) or keyword arguments. "
+            f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
+        )
+    if isinstance(strategy, str):
+        name = _strategy.resolve_name(strategy, topology())
+        if name == "multi_worker":
+            _strategy.get_strategy(strategy, devices)  # now, before TF's runtime starts
+        elif devices is not None and name != "mirrored":
+            raise ValueError(
+                f"devices only applies to the mirrored strategy, but strategy={strategy!r} "
+                f"resolves to {name!r}. Received: devices={list(devices)!r}"
+            )
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            active = _strategy.get_strategy(strategy, devices)
+            with active.scope():
+                model = fn(*args, **kwargs)
+            _check_model(fn, model, active, require_compiled)
+            return model
+
+        wrapper.strategy = lambda: _strategy.get_strategy(strategy, devices)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(factory) if factory is not None else decorate
+
+
+def _check_model(fn: Callable[..., Any], model: Any, active: Any, require_compiled: bool) -> None:
+    import keras
+    import tensorflow as tf
+
+    name = getattr(fn, "__qualname__", repr(fn))
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"The factory {name} decorated with @parallelize must return a keras.Model. "
+            f"Received: an object of type {type(model).__name__}"
+        )
+    distributing = active is not tf.distribute.get_strategy() or active.num_replicas_in_sync > 1
+    if require_compiled and distributing and not getattr(model, "compiled", False):
+        raise ValueError(
+            f"The factory {name} returned an uncompiled model. Call model.compile(...) "
+            "inside the factory, so its optimizer is created under the strategy's scope "
+            "(compiling outside fails in fit with 'Mixing different tf.distribute.Strategy "
+            "objects'), or pass @parallelize(require_compiled=False) and compile inside "
+            "`with model.distribute_strategy.scope():`."
+        )

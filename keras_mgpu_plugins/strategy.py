@@ -1,0 +1,174 @@
+"""From a topology to a `tf.distribute` strategy: one per process.
+
+TensorFlow allows one collective (multi-worker) strategy per process, and it must
+be created before the runtime starts. This module creates strategies on demand,
+remembers the one it made, and hands the same object to every caller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from keras_mgpu_plugins.topology import Topology, topology
+
+STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default")
+
+_lock = threading.Lock()
+_strategies: dict[tuple, Any] = {}
+
+
+class StrategyError(RuntimeError):
+    """A strategy cannot be created as asked."""
+
+
+def resolve_name(spec: str, topo: Topology) -> str:
+    """The concrete strategy name for `spec` (`"auto"` resolved) on `topo`.
+
+    Args:
+        spec: One of `STRATEGY_NAMES`.
+        topo: The process's topology.
+
+    Returns:
+        `"multi_worker"`, `"mirrored"` or `"default"`.
+
+    Raises:
+        ValueError: If `spec` is not a known name.
+    """
+    if spec not in STRATEGY_NAMES:
+        raise ValueError(
+            f"strategy must be one of {list(STRATEGY_NAMES)} or a tf.distribute.Strategy "
+            f"instance. Received: strategy={spec!r}"
+        )
+    if spec != "auto":
+        return spec
+    if topo.is_multi_worker:
+        return "multi_worker"
+    if topo.num_local_devices > 1:  # several GPUs, or a CPU split by simulate_devices
+        return "mirrored"
+    return "default"
+
+
+def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> Any:
+    """Returns the process's strategy for `spec`, creating it on first use.
+
+    Args:
+        spec: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`, or a
+            `tf.distribute.Strategy` (returned as is).
+        devices: For `"mirrored"`, the devices to replicate on (default: every
+            local GPU, else every logical CPU device).
+
+    Returns:
+        A `tf.distribute.Strategy`.
+
+    Raises:
+        ValueError: For an unknown name or devices given to another strategy.
+        StrategyError: If a multi-worker strategy is asked for after
+            TensorFlow's runtime started, or beside another collective strategy.
+    """
+    import tensorflow as tf
+
+    if isinstance(spec, tf.distribute.Strategy):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(
+            "strategy must be a name or a tf.distribute.Strategy instance. "
+            f"Received: strategy={spec!r} of type {type(spec).__name__}"
+        )
+    name = resolve_name(spec, topology())
+    if devices is not None and name != "mirrored":
+        raise ValueError(
+            f"devices only applies to the mirrored strategy, but strategy={spec!r} "
+            f"resolves to {name!r}. Received: devices={list(devices)!r}"
+        )
+    key = (name, tuple(devices) if devices is not None else None)
+    with _lock:
+        if key not in _strategies:
+            _strategies[key] = _create(name, devices)
+        return _strategies[key]
+
+
+def _create(name: str, devices: Sequence[str] | None) -> Any:
+    import tensorflow as tf
+
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices=_mirrored_devices(tf, devices))
+    return _create_multi_worker(tf)
+
+
+def _mirrored_devices(tf: Any, devices: Sequence[str] | None) -> list[str]:
+    if devices is not None:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("devices must name at least one device. Received: devices=[]")
+        return devices
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus]
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def _create_multi_worker(tf: Any) -> Any:
+    from keras_mgpu_plugins import compat
+
+    existing = [k for k in _strategies if k[0] == "multi_worker"]
+    if existing:  # pragma: no cover - guarded by the cache key
+        return _strategies[existing[0]]
+    topo = topology()
+    if topo.source == "slurm":
+        resolver = _slurm_resolver(tf, topo)
+    else:
+        resolver = None  # TF_CONFIG, read by TF itself; or one worker.
+    _check_own_port_free(topo)
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except RuntimeError as err:
+        if "must be configured at program startup" in str(err) or "initialized" in str(err):
+            raise StrategyError(
+                "The multi-worker strategy must be created before TensorFlow runs its "
+                "first operation (TensorFlow: 'Collective ops must be configured at "
+                "program startup'). Apply @kmp.parallelize(...) to your model factory at "
+                "module level, before any TensorFlow op, tf.data pipeline or Keras layer "
+                "is created (or call kmp.strategy.get_strategy('multi_worker') first "
+                "thing in your script)."
+            ) from err
+        raise
+    compat.patch_keras()
+    return strategy
+
+
+def _slurm_resolver(tf: Any, topo: Topology) -> Any:
+    from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
+
+    spec = tf.train.ClusterSpec({k: list(v) for k, v in topo.cluster_spec.items()})
+    return SimpleClusterResolver(
+        spec, task_type=topo.task_type, task_id=topo.task_index, rpc_layer="grpc"
+    )
+
+
+def _check_own_port_free(topo: Topology) -> None:
+    """Fails with the address when this worker's port is taken (TF would abort)."""
+    import socket
+
+    if not topo.is_multi_worker or topo.cluster_spec is None:
+        return
+    address = topo.cluster_spec[topo.task_type][topo.task_index]
+    port = int(address.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError as err:
+            raise StrategyError(
+                f"Port {port} of this worker ({topo.task_type} {topo.task_index}, "
+                f"address {address!r} from {topo.source}) is already in use ({err.strerror}). "
+                "Stop the process that holds it, or give this task another port."
+            ) from None
+
+
+def reset_for_tests() -> None:
+    """Forgets the cached strategies (a collective one cannot really be undone)."""
+    with _lock:
+        _strategies.clear()
