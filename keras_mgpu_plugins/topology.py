@@ -276,7 +276,7 @@ def _from_slurm(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
         )
     port_base = _int_env(env, "KMP_SLURM_PORT_BASE", default=DEFAULT_SLURM_PORT_BASE)
     addresses = []
-    for node, count in zip(nodes, per_node):
+    for node, count in zip(nodes, per_node, strict=True):
         addresses += [f"{node}:{port_base + i}" for i in range(count)]
     return Topology(
         num_workers=ntasks,
