@@ -1,0 +1,53 @@
+"""A tiny publish/subscribe channel between callbacks of the same `fit`.
+
+Keras gives a callback no handle on its siblings, and users list callbacks in
+any order. Callbacks that produce something others may want (a checkpoint file
+that is complete, a record of device metrics) publish it on the model being
+trained; callbacks that want it subscribe on that model in `set_model` or
+`on_train_begin`. Publishing with no subscriber costs nothing.
+
+Topics and payloads (stable, documented):
+
+- `"checkpoint_saved"`: `{"path": str, "epoch": int (0-based, as Keras),
+  "batch": int | None, "is_best": bool, "monitor": str, "value": float | None}`,
+  published on the training thread after the file is complete at its final name.
+- `"device_metrics"`: `{"epoch": int, "batch": int | None, "metrics": dict[str, float]}`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+Listener = Callable[[dict[str, Any]], None]
+
+_lock = threading.Lock()
+_listeners: weakref.WeakKeyDictionary[Any, dict[str, list[Listener]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def subscribe(model: Any, topic: str, listener: Listener) -> None:
+    """Calls `listener(payload)` for each `topic` event published on `model`."""
+    with _lock:
+        topics = _listeners.setdefault(model, {})
+        if listener not in topics.setdefault(topic, []):
+            topics[topic].append(listener)
+
+
+def unsubscribe(model: Any, topic: str, listener: Listener) -> None:
+    """Stops calling `listener` for `topic` events on `model` (no error if absent)."""
+    with _lock:
+        listeners = _listeners.get(model, {}).get(topic, [])
+        if listener in listeners:
+            listeners.remove(listener)
+
+
+def publish(model: Any, topic: str, payload: dict[str, Any]) -> None:
+    """Hands `payload` to every listener of `topic` on `model`, in subscription order."""
+    with _lock:
+        listeners = list(_listeners.get(model, {}).get(topic, []))
+    for listener in listeners:
+        listener(payload)
