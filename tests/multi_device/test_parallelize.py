@@ -1,0 +1,186 @@
+"""@parallelize in one process, over the 2 logical CPU devices of tests/conftest.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.strategy import StrategyError
+
+
+def tiny_model(seed=1, compile=True):
+    init = keras.initializers.GlorotUniform(seed=seed)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="tanh", kernel_initializer=init),
+            keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
+        ]
+    )
+    if compile:
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    return x, (x @ rng.normal(size=(6, 1))).astype("float32")
+
+
+def test_bare_decorator_keeps_name_doc_and_arguments():
+    @kmp.parallelize
+    def build_model(seed, compile=True):
+        """Builds the tiny model."""
+        return tiny_model(seed, compile)
+
+    model = build_model(3)
+    assert build_model.__name__ == "build_model"
+    assert build_model.__doc__ == "Builds the tiny model."
+    # auto + 2 logical devices → mirrored over both
+    assert isinstance(model.distribute_strategy, tf.distribute.MirroredStrategy)
+    assert model.distribute_strategy.num_replicas_in_sync == 2
+
+
+@pytest.mark.parametrize(
+    "decorate",
+    [
+        lambda f: kmp.parallelize()(f),
+        lambda f: kmp.parallelize(strategy="mirrored")(f),
+        lambda f: kmp.parallelize(strategy="mirrored", devices=["/cpu:0", "/cpu:1"])(f),
+    ],
+)
+def test_forms_build_mirrored_variables(decorate):
+    model = decorate(tiny_model)()
+    kernel = model.layers[0].kernel.value
+    assert len(model.distribute_strategy.experimental_local_results(kernel)) == 2
+    assert model.optimizer is not None and model.compiled
+
+
+def test_default_strategy_and_instance():
+    model = kmp.parallelize(strategy="default")(tiny_model)()
+    assert model.distribute_strategy.num_replicas_in_sync == 1
+    mine = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = kmp.parallelize(strategy=mine)(tiny_model)()
+    assert model.distribute_strategy is mine
+
+
+def test_two_factories_share_one_strategy():
+    a = kmp.parallelize(strategy="mirrored")(tiny_model)
+    b = kmp.parallelize(strategy="mirrored")(lambda: tiny_model(5))
+    assert a().distribute_strategy is b().distribute_strategy
+    assert a.strategy() is b.strategy()
+
+
+def test_unknown_strategy_name_fails_at_decoration():
+    with pytest.raises(ValueError, match=r"Received: strategy='mirror'"):
+        kmp.parallelize(strategy="mirror")
+    with pytest.raises(TypeError, match="Did you mean parallelize"):
+        kmp.parallelize("mirrored")
+
+
+def test_devices_only_with_mirrored():
+    with pytest.raises(ValueError, match="devices only applies"):
+        kmp.parallelize(strategy="default", devices=["/cpu:0"])
+
+
+def test_factory_must_return_a_model():
+    @kmp.parallelize
+    def not_a_model():
+        return {"model": 1}
+
+    with pytest.raises(TypeError, match="must return a keras.Model.*dict"):
+        not_a_model()
+
+
+def test_uncompiled_model_is_an_error_unless_allowed():
+    with pytest.raises(ValueError, match="uncompiled model"):
+        kmp.parallelize(tiny_model)(compile=False)
+    model = kmp.parallelize(require_compiled=False)(tiny_model)(compile=False)
+    assert not model.compiled
+
+
+def test_mirrored_fit_matches_one_device_fit():
+    """Numerical truth: 2 replicas on the same global batches = one device."""
+    x, y = data()
+    single = tiny_model()
+    single.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    parallel = kmp.parallelize(strategy="mirrored")(tiny_model)()
+    history = parallel.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    for a, b in zip(single.get_weights(), parallel.get_weights(), strict=True):
+        assert np.max(np.abs(a - b)) < 1e-5
+    # every replica holds the same value, to the bit
+    for var in parallel.trainable_variables:
+        copies = parallel.distribute_strategy.experimental_local_results(var.value)
+        assert all(np.array_equal(copies[0].numpy(), c.numpy()) for c in copies[1:])
+    assert len(history.history["loss"]) == 3
+
+
+def test_simulate_devices_validates_and_is_idempotent():
+    with pytest.raises(ValueError, match="Received: n=0"):
+        kmp.simulate_devices(0)
+    assert kmp.simulate_devices(2) == ["/device:CPU:0", "/device:CPU:1"]
+    with pytest.raises(kmp.devices.RuntimeAlreadyStartedError, match="before TensorFlow starts"):
+        kmp.simulate_devices(3)
+
+
+def run_python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+@pytest.mark.slow
+def test_multi_worker_strategy_too_late_says_what_to_move():
+    import json
+
+    tf_config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    result = run_python(
+        """
+        import tensorflow as tf
+        tf.constant(1.0) + 1.0   # the runtime starts here
+        import keras_mgpu_plugins as kmp
+        kmp.parallelize(strategy="multi_worker")
+        """,
+        {"TF_CONFIG": json.dumps(tf_config)},
+    )
+    assert result.returncode != 0
+    assert "StrategyError" in result.stderr
+    assert "before TensorFlow runs its first operation" in result.stderr
+
+
+@pytest.mark.slow
+def test_port_in_use_is_named():
+    import json
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        tf_config = {
+            "cluster": {"worker": [f"localhost:{port}", "localhost:1"]},
+            "task": {"type": "worker", "index": 0},
+        }
+        result = run_python(
+            "import keras_mgpu_plugins as kmp\nkmp.parallelize(strategy='multi_worker')\n",
+            {"TF_CONFIG": json.dumps(tf_config)},
+        )
+    assert result.returncode != 0
+    assert f"Port {port} of this worker" in result.stderr
+    assert "already in use" in result.stderr
+
+
+def test_strategy_error_is_public():
+    assert issubclass(StrategyError, RuntimeError)
