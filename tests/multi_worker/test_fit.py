@@ -1,0 +1,175 @@
+"""Keras 3 fit/evaluate/predict under MultiWorkerMirroredStrategy, 2 real workers.
+
+Numerical truth: with SGD, no shuffle and seeded initialisers, 2 workers end with
+the weights one process reaches on the same global batches; both workers hold
+bit-identical weights and History; each worker computes on its own half of each
+global batch. And the compat patches are needed: without them fit fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(300)]
+
+GLOBAL_BATCH = 16
+EPOCHS = 3
+
+
+def make_data(n=64):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(n, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1)) + 0.1).astype("float32")
+    return x, y
+
+
+def build_model(record=None):
+    import keras
+    import tensorflow as tf
+
+    class RecordingModel(keras.Sequential):
+        """Records the first feature of every row a replica trains on."""
+
+        def train_step(self, data):
+            if record is not None:
+                x = data[0]
+
+                def append(values):
+                    record.append(values.copy())
+                    return np.int64(0)
+
+                tf.numpy_function(append, [x[:, 0]], tf.int64)
+            return super().train_step(data)
+
+    model = RecordingModel(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3)),
+            keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4)),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def train_on_worker():
+    import keras_mgpu_plugins as kmp
+
+    x, y = make_data()
+    seen: list = []
+    model = kmp.parallelize(build_model)(seen)
+    history = model.fit(
+        x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+        validation_data=(x[:32], y[:32]),
+    )
+    evaluation = model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0)
+    predictions = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
+    return {
+        "strategy": type(model.distribute_strategy).__name__,
+        "replicas": model.distribute_strategy.num_replicas_in_sync,
+        "weights": model.get_weights(),
+        "history": history.history,
+        "evaluate": evaluation,
+        "predict": predictions,
+        "local_predict": model(x).numpy(),
+        "seen": seen,
+    }
+
+
+@pytest.fixture(scope="module")
+def results():
+    return kmp.launch(train_on_worker, num_workers=2, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def single():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x, y = make_data()
+    model = build_model()
+    history = model.fit(
+        x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+        validation_data=(x[:32], y[:32]),
+    )
+    return {
+        "weights": model.get_weights(),
+        "history": history.history,
+        "evaluate": model.evaluate(x, y, batch_size=GLOBAL_BATCH, verbose=0),
+    }
+
+
+def test_two_workers_use_multi_worker_strategy(results):
+    assert [r["strategy"] for r in results] == ["CollectiveAllReduceStrategy"] * 2
+    assert [r["replicas"] for r in results] == [2, 2]
+
+
+def test_workers_hold_bit_identical_weights_and_history(results):
+    first, second = results
+    for a, b in zip(first["weights"], second["weights"], strict=True):
+        assert np.array_equal(a, b)
+    assert first["history"] == second["history"]
+    assert first["evaluate"] == second["evaluate"]
+
+
+def test_same_weights_as_one_process_on_the_same_global_batches(results, single):
+    for a, b in zip(results[0]["weights"], single["weights"], strict=True):
+        assert np.max(np.abs(a - b)) < 1e-5
+    for key in ("loss", "mae", "val_loss", "val_mae"):
+        np.testing.assert_allclose(results[0]["history"][key], single["history"][key], atol=1e-5)
+    np.testing.assert_allclose(results[0]["evaluate"], single["evaluate"], atol=1e-5)
+
+
+def test_each_worker_trains_on_its_own_half_of_every_global_batch(results):
+    x, _ = make_data()
+    row_of = {float(v): i for i, v in enumerate(x[:, 0])}
+    steps = len(x) // GLOBAL_BATCH
+    rows = [[[row_of[float(v)] for v in batch] for batch in r["seen"]] for r in results]
+    assert [len(r) for r in rows] == [steps * EPOCHS] * 2  # one record per step
+    for step in range(steps * EPOCHS):
+        a, b = rows[0][step], rows[1][step]
+        assert len(a) == len(b) == GLOBAL_BATCH // 2
+        assert not set(a) & set(b)  # disjoint halves
+        start = (step % steps) * GLOBAL_BATCH
+        assert sorted(a + b) == list(range(start, start + GLOBAL_BATCH))  # the global batch
+
+
+def test_predict_returns_every_row_in_the_original_order(results):
+    for r in results:
+        assert r["predict"].shape == (64, 1)
+        np.testing.assert_allclose(r["predict"], r["local_predict"], atol=1e-6)
+
+
+def fit_without_patches():
+    import keras_mgpu_plugins as kmp
+
+    kmp.compat.unpatch_keras()
+    x, y = make_data()
+    model = kmp.parallelize(build_model)()
+    try:
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
+    except Exception as err:  # the upstream failure, keras-team/keras#20585
+        return f"{type(err).__name__}: {str(err)[:300]}"
+    return None
+
+
+def test_compat_patches_are_needed():
+    """Fails if upstream Keras fixed keras-team/keras#20585: drop the patches then."""
+    errors = kmp.launch(fit_without_patches, num_workers=2, timeout=240)
+    assert all(e is not None for e in errors), errors
+    assert any("PerReplica" in e for e in errors), errors
+
+
+def test_patch_keras_is_idempotent_and_version_guarded():
+    from keras_mgpu_plugins import compat
+
+    first = compat.patch_keras()
+    assert compat.patch_keras() == first
+    assert set(first) == {p.name for p in compat.PATCHES}
+    for patch in compat.PATCHES:
+        assert "keras-team/keras/issues/20585" in patch.upstream
+        assert patch.applies_to("3.15.1")
+        assert not patch.applies_to(patch.max_version)
