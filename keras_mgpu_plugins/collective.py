@@ -19,22 +19,22 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import topology as _topology
+from keras_mgpu_plugins.topology import topology_from_env
 
 
 def is_chief() -> bool:
     """Whether this process is the chief (writes files, logs, uploads)."""
-    return _topology.topology_from_env(_environ()).is_chief
+    return topology_from_env(_environ()).is_chief
 
 
 def worker_index() -> int:
     """This process's rank among the workers (0 for the chief)."""
-    return _topology.topology_from_env(_environ()).worker_index
+    return topology_from_env(_environ()).worker_index
 
 
 def num_workers() -> int:
     """Number of processes that train together."""
-    return _topology.topology_from_env(_environ()).num_workers
+    return topology_from_env(_environ()).num_workers
 
 
 def _environ() -> Any:

@@ -1,0 +1,55 @@
+"""The cross-worker primitives callbacks build on, between 2 real workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def exchange():
+    from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins.strategy import get_strategy
+
+    strategy = get_strategy("multi_worker")
+    rank = collective.worker_index()
+    return {
+        "rank": rank,
+        "chief": collective.is_chief(),
+        "workers": collective.num_workers(),
+        "spans": collective.spans_workers(strategy),
+        "floats": collective.all_gather(np.array([rank, 0.1 + rank]), strategy),
+        "ints": collective.all_gather(np.array([2**62 + rank], dtype=np.int64), strategy),
+        "bools": collective.all_gather(np.array([rank == 1]), strategy),
+        "any": collective.agree(rank == 1, strategy),
+        "all": collective.agree(rank == 1, strategy, how="all"),
+        "chief_vote": collective.agree(rank == 0, strategy, how="chief"),
+        "broadcast": collective.broadcast(np.array([10.0 * (rank + 1)]), strategy),
+    }
+
+
+def test_collectives_between_two_workers():
+    results = kmp.launch(exchange, num_workers=2, timeout=200)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert [r["chief"] for r in results] == [True, False]
+    for r in results:
+        assert r["workers"] == 2 and r["spans"]
+        np.testing.assert_array_equal(r["floats"], [[0.0, 0.1], [1.0, 1.1]])
+        assert r["floats"].dtype == np.float64
+        np.testing.assert_array_equal(r["ints"], [[2**62], [2**62 + 1]])  # exact past 2**53
+        np.testing.assert_array_equal(r["bools"], [[False], [True]])
+        assert (r["any"], r["all"], r["chief_vote"]) == (True, False, True)
+        np.testing.assert_array_equal(r["broadcast"], [10.0])
+
+
+def test_collectives_answer_locally_in_one_process():
+    from keras_mgpu_plugins import collective
+
+    assert collective.all_gather([1.5, 2.0]).tolist() == [[1.5, 2.0]]
+    assert collective.agree(False) is False and collective.agree(True, how="all") is True
+    assert collective.broadcast([3]).tolist() == [3]
+    with pytest.raises(ValueError, match="Received: how='most'"):
+        collective.agree(True, how="most")
