@@ -1,0 +1,350 @@
+"""`WandbLogger`: one W&B record of a multi-device, multi-worker `fit`.
+
+W&B's own Keras callbacks are not worker-aware: N workers make N unrelated runs
+and upload N copies of each checkpoint. `WandbLogger` makes one run for the job
+(`mode="chief"`) or one run per worker in a shared group (`mode="group"`),
+records how the job was distributed, and logs the checkpoints that
+`kmp.callbacks.ModelCheckpoint` writes and the metrics of
+`kmp.callbacks.DeviceMetricsLogger` (through `keras_mgpu_plugins.callbacks.events`,
+so the order of the callbacks does not matter). `wandb` is imported only by the
+processes that log.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from keras_mgpu_plugins import collective
+from keras_mgpu_plugins.callbacks import events
+
+MODES = ("chief", "group")
+INSTALL_HINT = 'pip install "keras_mgpu_plugins[wandb]"'
+JOB_ID_ENV = "KMP_JOB_ID"
+
+
+class WandbLogger(keras.callbacks.Callback):
+    """Logs a (multi-worker) `fit` to Weights & Biases, once per job or per worker.
+
+    Records in the run's config how the job was distributed (strategy, workers,
+    replicas, global and per-replica batch size, devices and GPU models,
+    versions of Python, TensorFlow, Keras and this package), merged with
+    `config` (your keys win). Logs every epoch's logs with `"epoch"` (0-based, as
+    Keras) at step = global batches done, and the `batch/`-prefixed logs every
+    `log_freq` batches. Logs the per-device metrics that a
+    `kmp.callbacks.DeviceMetricsLogger` of the same `fit` publishes, and each
+    checkpoint that a `kmp.callbacks.ModelCheckpoint` completes as an artifact
+    `model-<run id>` of type `"model"` with aliases `latest`, `epoch-N` (N as
+    `{epoch}` in the checkpoint's file name) and `best` when it improved.
+
+    An active run (`wandb.run`) is used, not replaced, and not finished; a run
+    this logger starts is finished at the end of `fit`.
+
+    Args:
+        project: W&B project (default: W&B's, e.g. `WANDB_PROJECT`).
+        entity: W&B entity.
+        name: Run name. In `"group"` mode each worker's run is
+            `f"{name or 'run'}-worker{i}"`.
+        group: W&B group. In `"group"` mode, if not given: `KMP_JOB_ID` if set
+            (the same on every worker), else an id the chief draws and
+            broadcasts to every worker at the start of `fit`.
+        mode: `"chief"`: one run for the job, made by the chief; other workers
+            make nothing and never import `wandb`. `"group"`: one run per
+            worker, all in one group.
+        config: Your config, merged over the recorded one.
+        log_freq: `"epoch"`, `"batch"` (every batch) or a positive int: also log
+            the batch logs every `log_freq` batches.
+        log_checkpoints: Log completed `kmp` checkpoints as artifacts (chief only).
+        **init_kwargs: Passed to `wandb.init` (e.g. `mode="offline"`, `tags`).
+
+    Raises:
+        ValueError: For an unknown `mode` or a bad `log_freq`.
+        ImportError: If `wandb` is not installed.
+
+    Example:
+        >>> from keras_mgpu_plugins.integrations.wandb import WandbLogger
+        >>> model.fit(x, y, epochs=10, callbacks=[
+        ...     kmp.callbacks.ModelCheckpoint("ckpt/best.keras", save_best_only=True),
+        ...     WandbLogger(project="mnist", mode="group"),
+        ... ])
+    """
+
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        mode: str = "chief",
+        config: dict[str, Any] | None = None,
+        log_freq: str | int = "epoch",
+        log_checkpoints: bool = True,
+        **init_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f'mode must be "chief" or "group". Received: mode={mode!r}')
+        self.log_every = batches_between_logs(log_freq)
+        if config is not None and not isinstance(config, dict):
+            raise ValueError(f"config must be a dict. Received: config={config!r}")
+        require_wandb()
+        self.init_kwargs = dict(project=project, entity=entity, name=name, **init_kwargs)
+        self.group, self.mode, self.config = group, mode, dict(config or {})
+        self.log_checkpoints = bool(log_checkpoints)
+        self.run: Any = None
+        self._owns_run = False
+        self._logs_here: bool | None = None  # None until fit begins: events wait
+        self._sized = False
+        self._steps: StepCounter | None = None
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        if self.log_every:  # a batch hook only when batch logs are asked for
+            self.on_train_batch_end = self._log_batch
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        events.subscribe(model, "checkpoint_saved", self._on_checkpoint)
+        events.subscribe(model, "device_metrics", self._on_device_metrics)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        strategy = self.model.distribute_strategy
+        if self.mode == "group" and self.group is None:
+            self.group = os.environ.get(JOB_ID_ENV) or agree_group_id(strategy)
+        error = None
+        self._logs_here = self.mode == "group" or collective.is_chief()
+        if self._logs_here:
+            try:
+                self._open_run(strategy)
+            except Exception as err:  # noqa: BLE001 - re-raised below, after agreeing
+                error = err
+        started_everywhere = collective.agree(error is None, strategy, how="all")
+        if error is not None:
+            raise error
+        if not started_everywhere:
+            raise RuntimeError("WandbLogger: wandb.init failed on another worker; see its log.")
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._steps is not None:
+            self._steps.begin_epoch(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.run is not None and batch > 0 and not self._sized:
+            self._record_batch_sizes(batch)
+
+    def _log_batch(self, batch: int, logs: dict | None = None) -> None:
+        if self.run is not None and (batch + 1) % self.log_every == 0:
+            row = {f"batch/{k}": v for k, v in (logs or {}).items()}
+            self.run.log(row, step=self._steps.at(batch=batch))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.run is None:
+            return
+        if not self._sized and not any(k.startswith("val_") for k in logs or {}):
+            self._record_batch_sizes(self.params.get("steps") or 1)  # 1-step epochs
+        self.run.log({**(logs or {}), "epoch": epoch}, step=self._steps.at())
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        events.unsubscribe(self.model, "checkpoint_saved", self._on_checkpoint)
+        events.unsubscribe(self.model, "device_metrics", self._on_device_metrics)
+        run, self.run, self._steps, self._logs_here = self.run, None, None, None
+        if run is not None and self._owns_run:
+            run.finish()
+
+    # --- the run -----------------------------------------------------------------
+
+    def _open_run(self, strategy: Any) -> None:
+        import wandb
+
+        recorded = job_config(self.model, strategy, self.mode)
+        if wandb.run is not None:
+            self.run, self._owns_run = wandb.run, False
+            self.run.config.setdefaults(recorded)
+            self.run.config.update(self.config, allow_val_change=True)
+        else:
+            kwargs = dict(self.init_kwargs, config={**recorded, **self.config})
+            if self.mode == "group":
+                index = collective.worker_index()
+                kwargs.update(group=self.group, name=worker_run_name(kwargs["name"], index))
+            elif self.group is not None:
+                kwargs["group"] = self.group
+            self.run, self._owns_run = wandb.init(**kwargs), True
+        self._steps = StepCounter(self.params.get("steps"), start=int(self.run.step or 0))
+        self._sized = False
+        pending, self._pending = self._pending, []
+        for topic, payload in pending:
+            (self._on_checkpoint if topic == "checkpoint_saved" else self._on_device_metrics)(payload)
+
+    def _record_batch_sizes(self, batches_done: int) -> None:
+        self._sized = True
+        measured = measured_batch_sizes(self.model, batches_done)
+        self.run.config.setdefaults({k: v for k, v in measured.items() if k not in self.config})
+
+    def _wait_or_drop(self, topic: str, payload: dict[str, Any]) -> bool:
+        """Whether to handle `payload` now (not before this process's run is open)."""
+        if self._logs_here is None:  # published before on_train_begin: keep it
+            self._pending.append((topic, payload))
+        return self.run is not None
+
+    def _on_device_metrics(self, payload: dict[str, Any]) -> None:
+        if not self._wait_or_drop("device_metrics", payload):
+            return
+        step = self._steps.at(epoch=payload.get("epoch"), batch=payload.get("batch"))
+        self.run.log(dict(payload.get("metrics", {})), step=step)
+
+    def _on_checkpoint(self, payload: dict[str, Any]) -> None:
+        if not self.log_checkpoints or not collective.is_chief():
+            return
+        if not self._wait_or_drop("checkpoint_saved", payload):
+            return
+        import wandb
+
+        path = Path(payload["path"])
+        metadata = {k: payload.get(k) for k in ("epoch", "batch", "monitor", "value", "is_best")}
+        artifact = wandb.Artifact(f"model-{self.run.id}", type="model", metadata=metadata)
+        if path.is_dir():
+            artifact.add_dir(str(path))
+        else:
+            artifact.add_file(str(path))
+        self.run.log_artifact(artifact, aliases=checkpoint_aliases(payload))
+
+
+# --- pure decisions (no Keras, no W&B) ----------------------------------------------
+
+
+def batches_between_logs(log_freq: str | int) -> int:
+    """Batches between two batch logs: 0 for `"epoch"`, 1 for `"batch"`, else `log_freq`."""
+    if log_freq == "epoch":
+        return 0
+    if log_freq == "batch":
+        return 1
+    if isinstance(log_freq, bool) or not isinstance(log_freq, int) or log_freq < 1:
+        raise ValueError(
+            f'log_freq must be "epoch", "batch" or a positive int. Received: log_freq={log_freq!r}'
+        )
+    return log_freq
+
+
+def worker_run_name(name: str | None, worker_index: int) -> str:
+    """The run name of one worker in `"group"` mode."""
+    return f"{name or 'run'}-worker{worker_index}"
+
+
+def format_group_id(value: int) -> str:
+    """The group name for a job id drawn as an integer."""
+    return f"kmp-{int(value) & (2**63 - 1):016x}"
+
+
+def checkpoint_aliases(payload: dict[str, Any]) -> list[str]:
+    """Artifact aliases for a `"checkpoint_saved"` payload (epoch-N as Keras's `{epoch}`)."""
+    aliases = ["latest", f"epoch-{int(payload['epoch']) + 1}"]
+    return aliases + ["best"] if payload.get("is_best") else aliases
+
+
+def batch_sizes(local_counts: list[float], batches_done: int, num_replicas: int) -> dict[str, int]:
+    """Global and per-replica batch size from the rows each local replica counted."""
+    if batches_done < 1 or not local_counts or local_counts[0] <= 0:
+        return {}
+    per_replica = int(round(local_counts[0] / batches_done))
+    return {"global_batch_size": per_replica * num_replicas, "per_replica_batch_size": per_replica}
+
+
+class StepCounter:
+    """W&B steps: global batches done, monotonic across epochs and resumed fits.
+
+    Args:
+        steps_per_epoch: Batches per epoch (`params["steps"]`), or `None` if unknown.
+        start: The run's step when `fit` begins (0 for a new run).
+    """
+
+    def __init__(self, steps_per_epoch: int | None, start: int = 0) -> None:
+        self.steps, self.start = steps_per_epoch, start
+        self.first_epoch: int | None = None
+        self.epoch = 0
+        self.base = self.last = start
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Marks the start of `epoch` (the first one seen may be `initial_epoch`)."""
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+            if self.steps:  # a resumed fit starts where its epochs put it
+                self.start = max(self.start, epoch * self.steps)
+        self.epoch = epoch
+        self.base = self._base(epoch)
+
+    def at(self, epoch: int | None = None, batch: int | None = None) -> int:
+        """The step after `batch` of `epoch` (default: the current epoch; its end if no batch)."""
+        base = self.base if epoch is None or epoch == self.epoch else self._base(epoch)
+        if batch is not None:
+            step = base + batch + 1
+        elif self.steps:
+            step = base + self.steps
+        else:
+            step = max(self.last, base + 1)
+        self.last = max(self.last, step)
+        return step
+
+    def _base(self, epoch: int) -> int:
+        if self.steps and self.first_epoch is not None:
+            return self.start + (epoch - self.first_epoch) * self.steps
+        return self.last
+
+
+# --- what the run records -------------------------------------------------------------
+
+
+def require_wandb() -> None:
+    """Raises an ImportError with the install hint when `wandb` is missing (not importing it)."""
+    if "wandb" in sys.modules:
+        missing = sys.modules["wandb"] is None
+    else:
+        missing = importlib.util.find_spec("wandb") is None
+    if missing:
+        raise ImportError(f"WandbLogger needs the wandb package: {INSTALL_HINT}")
+
+
+def agree_group_id(strategy: Any) -> str:
+    """A group name every worker holds: drawn by the chief, broadcast (a collective)."""
+    drawn = secrets.randbits(62) if collective.is_chief() else 0
+    return format_group_id(int(collective.broadcast(np.array([drawn], np.int64), strategy)[0]))
+
+
+def job_config(model: Any, strategy: Any, mode: str) -> dict[str, Any]:
+    """How this job is distributed, and with which versions."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins import __version__
+
+    gpus = tf.config.list_physical_devices("GPU")
+    models = [tf.config.experimental.get_device_details(g).get("device_name", "") for g in gpus]
+    config = {
+        "strategy": type(strategy).__name__,
+        "num_workers": collective.num_workers(),
+        "num_replicas": int(strategy.num_replicas_in_sync),
+        "devices": [str(d) for d in strategy.extended.worker_devices],
+        "gpu_models": models,
+        "python_version": platform.python_version(),
+        "tensorflow_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "keras_mgpu_plugins_version": __version__,
+    }
+    if mode == "group":
+        config["worker_index"] = collective.worker_index()
+    return config
+
+
+def measured_batch_sizes(model: Any, batches_done: int) -> dict[str, int]:
+    """Batch sizes from the rows the loss tracker counted on this worker's replicas."""
+    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+    if tracker is None:
+        return {}
+    strategy = model.distribute_strategy
+    variable = getattr(tracker.count, "value", tracker.count)
+    counts = [float(np.asarray(v)) for v in strategy.experimental_local_results(variable)]
+    return batch_sizes(counts, batches_done, int(strategy.num_replicas_in_sync))

@@ -1,0 +1,180 @@
+"""WandbLogger in one process (2 replicas), with the real `wandb` offline; runs read back from files."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.integrations._wandb_records import find_runs, read_run
+from keras_mgpu_plugins.integrations.wandb import WandbLogger
+
+wandb = pytest.importorskip("wandb")
+
+ROWS, BATCH, EPOCHS = 32, 8, 2
+STEPS = ROWS // BATCH
+SENTINEL = "kmpsentinel0123456789abcdef0123456789abcdef"  # 40 chars, like a W&B key
+
+
+@pytest.fixture
+def wandb_dir(tmp_path, monkeypatch):
+    """A fresh W&B setup writing offline runs under tmp_path (W&B caches settings per process)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_NAME", "KMP_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    wandb.teardown()
+    yield tmp_path
+    if wandb.run is not None:
+        wandb.run.finish()
+    wandb.teardown()
+
+
+@kmp.parallelize(strategy="mirrored")
+def build_model():
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    return model
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 3)).astype("float32")
+    return x, (x @ np.array([[1.0], [-2.0], [0.5]], "float32"))
+
+
+def fit(callbacks, epochs=EPOCHS):
+    model = build_model()
+    x, y = data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    return model, history.history
+
+
+class Publisher(keras.callbacks.Callback):
+    """A sibling that writes a real checkpoint file and publishes both topics each epoch."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def on_epoch_end(self, epoch, logs=None):
+        path = os.path.join(self.folder, f"ckpt-{epoch + 1}.weights.h5")
+        self.model.save_weights(path)
+        events.publish(self.model, "device_metrics", {
+            "epoch": epoch, "batch": None, "metrics": {"device/CPU:0/memory_mb": 10.0 + epoch},
+        })
+        events.publish(self.model, "checkpoint_saved", {
+            "path": path, "epoch": epoch, "batch": None, "is_best": epoch == 0,
+            "monitor": "loss", "value": logs["loss"],
+        })
+
+
+def only_run(wandb_dir):
+    runs = find_runs(wandb_dir)
+    assert len(runs) == 1, runs
+    return read_run(runs[0])
+
+
+def b64_md5(path):
+    return base64.b64encode(hashlib.md5(open(path, "rb").read()).digest()).decode()
+
+
+def test_one_run_records_the_job_the_epochs_and_every_n_batches(wandb_dir):
+    logger = WandbLogger(project="kmp-test", config={"lr": 0.1, "num_replicas": "mine"}, log_freq=2)
+    _, history = fit([logger])
+    assert wandb.run is None  # the run it started is finished
+    run = only_run(wandb_dir)
+    assert run.finished and run.project == "kmp-test"
+    config = run.config
+    assert config["strategy"] == "MirroredStrategy"
+    assert (config["num_workers"], config["num_replicas"]) == (1, "mine")  # user keys win
+    assert config["lr"] == 0.1
+    assert (config["global_batch_size"], config["per_replica_batch_size"]) == (BATCH, BATCH // 2)
+    assert [d.rsplit("/", 1)[-1] for d in config["devices"]] == ["device:CPU:0", "device:CPU:1"]
+    assert config["gpu_models"] == []
+    import tensorflow as tf
+
+    assert config["keras_version"] == keras.__version__
+    assert config["tensorflow_version"] == tf.__version__
+    assert config["keras_mgpu_plugins_version"] == kmp.__version__
+    assert config["python_version"].count(".") == 2
+    epochs = [row for row in run.history if "epoch" in row]
+    assert [(row["_step"], row["epoch"]) for row in epochs] == [(STEPS, 0), (2 * STEPS, 1)]
+    assert [row["loss"] for row in epochs] == history["loss"]
+    assert [row["mae"] for row in epochs] == history["mae"]
+    batch_steps = [row["_step"] for row in run.history if "batch/loss" in row]
+    assert batch_steps == [2, 4, 6, 8]
+    assert [row["batch/loss"] for row in run.history if row["_step"] in (4, 8)] == history["loss"]
+
+
+@pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
+def test_sibling_checkpoints_and_device_metrics_whatever_the_order(wandb_dir, logger_first):
+    logger, publisher = WandbLogger(project="kmp-test"), Publisher(str(wandb_dir))
+    fit([logger, publisher] if logger_first else [publisher, logger])
+    run = only_run(wandb_dir)
+    assert [(r["_step"], r["device/CPU:0/memory_mb"]) for r in run.history] == [(4, 10), (8, 11)]
+    arts = run.artifacts
+    assert [(a["name"], a["type"]) for a in arts] == [(f"model-{run.id}", "model")] * EPOCHS
+    assert [a["aliases"] for a in arts] == [["best", "epoch-1", "latest"], ["epoch-2", "latest"]]
+    for epoch, artifact in enumerate(arts):
+        path = wandb_dir / f"ckpt-{epoch + 1}.weights.h5"
+        assert artifact["files"] == {path.name: b64_md5(path)}  # the complete file
+        assert artifact["metadata"]["epoch"] == epoch
+
+
+def test_an_active_run_is_used_and_left_open(wandb_dir):
+    run = wandb.init(project="mine", config={"strategy": "my own"})
+    run.log({"before": 1.0}, step=10)
+    fit([WandbLogger(config={"lr": 0.1})])
+    assert wandb.run is run  # neither replaced nor finished
+    run.log({"after": 2.0}, step=run.step + 1)
+    run.finish()
+    recorded = only_run(wandb_dir)
+    assert recorded.id == run.id and recorded.project == "mine"
+    assert recorded.config["strategy"] == "my own"  # what the user set is kept
+    assert recorded.config["num_replicas"] == 2 and recorded.config["lr"] == 0.1
+    steps = [(row["_step"], sorted(set(row) & {"before", "loss", "after"})) for row in recorded.history]
+    assert steps == [(10, ["before"]), (14, ["loss"]), (18, ["loss"]), (19, ["after"])]
+
+
+def test_group_mode_in_one_process(wandb_dir, monkeypatch):
+    fit([WandbLogger(name="exp", mode="group")], epochs=1)
+    first = only_run(wandb_dir)
+    assert first.name == "exp-worker0" and first.config["worker_index"] == 0
+    assert first.group.startswith("kmp-") and len(first.group) == 4 + 16
+    for path in find_runs(wandb_dir):
+        shutil.rmtree(path)
+    monkeypatch.setenv("KMP_JOB_ID", "job-42")
+    fit([WandbLogger(mode="group")], epochs=1)
+    second = only_run(wandb_dir)
+    assert (second.name, second.group) == ("run-worker0", "job-42")
+
+
+def test_disabled_mode_writes_nothing(wandb_dir, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    wandb.teardown()
+    (wandb_dir / "ckpt").mkdir()
+    _, history = fit([WandbLogger(project="p"), Publisher(str(wandb_dir / "ckpt"))])
+    assert len(history["loss"]) == EPOCHS
+    assert [p for p in wandb_dir.rglob("*") if "ckpt" not in p.parts] == []
+
+
+def test_api_key_is_never_written_or_printed(wandb_dir, monkeypatch, capfd):
+    monkeypatch.setenv("WANDB_API_KEY", SENTINEL)
+    wandb.teardown()
+    fit([WandbLogger(project="p", log_freq=1), Publisher(str(wandb_dir))])
+    out, err = capfd.readouterr()
+    files = [p for p in wandb_dir.rglob("*") if p.is_file()]
+    assert len(files) > 5 and find_runs(wandb_dir)
+    leaks = [str(p) for p in files if SENTINEL.encode() in p.read_bytes()]
+    assert leaks == [] and SENTINEL not in out + err
