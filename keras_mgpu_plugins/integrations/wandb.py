@@ -29,6 +29,7 @@ from keras_mgpu_plugins.callbacks import events
 MODES = ("chief", "group")
 INSTALL_HINT = 'pip install "keras_mgpu_plugins[wandb]"'
 JOB_ID_ENV = "KMP_JOB_ID"
+FLUSH_TOPIC = "flush"  # proposed events topic: "publish what you still hold, now"
 
 
 class WandbLogger(keras.callbacks.Callback):
@@ -151,6 +152,9 @@ class WandbLogger(keras.callbacks.Callback):
         self.run.log({**(logs or {}), "epoch": epoch}, step=self._steps.at())
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        # Ask producers to publish what is still pending (an async checkpoint write)
+        # before the run closes, whether their on_train_end runs before or after.
+        events.publish(self.model, FLUSH_TOPIC, {"reason": "train_end"})
         events.unsubscribe(self.model, "checkpoint_saved", self._on_checkpoint)
         events.unsubscribe(self.model, "device_metrics", self._on_device_metrics)
         run, self.run, self._steps, self._logs_here = self.run, None, None, None
@@ -324,7 +328,7 @@ def job_config(model: Any, strategy: Any, mode: str) -> dict[str, Any]:
     gpus = tf.config.list_physical_devices("GPU")
     models = [tf.config.experimental.get_device_details(g).get("device_name", "") for g in gpus]
     config = {
-        "strategy": type(strategy).__name__,
+        "strategy": strategy_name(tf, strategy),
         "num_workers": collective.num_workers(),
         "num_replicas": int(strategy.num_replicas_in_sync),
         "devices": [str(d) for d in strategy.extended.worker_devices],
@@ -337,6 +341,14 @@ def job_config(model: Any, strategy: Any, mode: str) -> dict[str, Any]:
     if mode == "group":
         config["worker_index"] = collective.worker_index()
     return config
+
+
+def strategy_name(tf: Any, strategy: Any) -> str:
+    """The public `tf.distribute` name of `strategy` (`"default"` for TF's default one)."""
+    for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "TPUStrategy"):
+        if isinstance(strategy, getattr(tf.distribute, name)):
+            return name
+    return "default" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
 
 
 def measured_batch_sizes(model: Any, batches_done: int) -> dict[str, int]:

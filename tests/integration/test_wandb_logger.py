@@ -178,3 +178,27 @@ def test_api_key_is_never_written_or_printed(wandb_dir, monkeypatch, capfd):
     assert len(files) > 5 and find_runs(wandb_dir)
     leaks = [str(p) for p in files if SENTINEL.encode() in p.read_bytes()]
     assert leaks == [] and SENTINEL not in out + err
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
+def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, async_save, request):
+    module = pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
+    if logger_first and async_save:
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="ModelCheckpoint publishes its last async write in its own "
+            "on_train_end, after the logger closed the run, until it drains on the 'flush' topic",
+        ))
+    path = wandb_dir / "best.keras"
+    checkpoint = module.ModelCheckpoint(str(path), monitor="loss", save_best_only=True, async_save=async_save)
+    logger = WandbLogger(project="kmp-test")
+    _, history = fit([logger, checkpoint] if logger_first else [checkpoint, logger], epochs=3)
+    assert np.all(np.diff(history["loss"]) < 0)  # each epoch is the best so far: 3 saves
+    run = only_run(wandb_dir)
+    arts = run.artifacts
+    assert [(a["name"], a["type"]) for a in arts] == [(f"model-{run.id}", "model")] * 3
+    assert [a["aliases"] for a in arts] == [["best", f"epoch-{e}", "latest"] for e in (1, 2, 3)]
+    assert [a["metadata"]["value"] for a in arts] == pytest.approx(history["loss"])
+    assert arts[-1]["files"] == {"best.keras": b64_md5(path)}  # the last, complete file
+    assert len({a["files"]["best.keras"] for a in arts}) == 3  # 3 different files
+

@@ -1,0 +1,130 @@
+"""WandbLogger in 2 real workers (kmp.launch), wandb offline; the runs are read back from files.
+
+This module imports no `wandb` at import time: the workers import it (by reference,
+through cloudpickle), and the chief-mode test checks that worker 1 never imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.integrations._wandb_records import find_runs, read_run
+
+pytestmark = [
+    pytest.mark.multi_worker,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs wandb"),
+]
+
+ROWS, GLOBAL_BATCH, EPOCHS = 32, 8, 2
+STEPS = ROWS // GLOBAL_BATCH
+
+
+def build_model():
+    import keras
+
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+    return model
+
+
+def train(out_dir, mode):
+    """One tiny fit on this worker, with a kmp checkpoint and the logger."""
+    import sys
+
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
+    from keras_mgpu_plugins.integrations.wandb import WandbLogger
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 3)).astype("float32")
+    y = x @ np.array([[1.0], [-2.0], [0.5]], "float32")
+    model = kmp.parallelize(build_model)()
+    callbacks = [
+        WandbLogger(project="kmp-mw", name="exp", mode=mode, config={"lr": 0.1}, log_freq=2),
+        ModelCheckpoint(os.path.join(out_dir, "best.keras"), monitor="loss", save_best_only=True),
+    ]
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                        callbacks=callbacks)
+    return {"imported_wandb": "wandb" in sys.modules, "history": history.history}
+
+
+def run_job(tmp_path, mode):
+    pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+           "KMP_JOB_ID": None, "WANDB_RUN_GROUP": None, "WANDB_PROJECT": None}
+    results = kmp.launch(train, num_workers=2, args=(str(tmp_path), mode), timeout=200, env=env)
+    return results, [read_run(path) for path in find_runs(tmp_path)]
+
+
+def b64_md5(path):
+    return base64.b64encode(hashlib.md5(path.read_bytes()).digest()).decode()
+
+
+@pytest.fixture(scope="module")
+def chief_job(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("chief")
+    return tmp_path, *run_job(tmp_path, "chief")
+
+
+@pytest.fixture(scope="module")
+def group_job(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("group")
+    return tmp_path, *run_job(tmp_path, "group")
+
+
+def test_chief_mode_makes_one_run_and_worker_1_never_imports_wandb(chief_job):
+    _, results, runs = chief_job
+    assert [r["imported_wandb"] for r in results] == [True, False]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.finished and run.project == "kmp-mw" and run.name == "exp"
+
+
+def test_chief_mode_records_the_job_config(chief_job):
+    config = chief_job[2][0].config
+    assert config["strategy"] == "MultiWorkerMirroredStrategy"
+    assert (config["num_workers"], config["num_replicas"]) == (2, 2)
+    assert (config["global_batch_size"], config["per_replica_batch_size"]) == (GLOBAL_BATCH, GLOBAL_BATCH // 2)
+    assert config["lr"] == 0.1 and len(config["devices"]) == 1  # the chief's own device
+    assert "worker_index" not in config
+
+
+def test_chief_mode_logs_epochs_batches_and_checkpoints(chief_job):
+    tmp_path, results, (run,) = chief_job
+    history = results[0]["history"]
+    assert results[1]["history"] == history
+    epochs = [row for row in run.history if "epoch" in row]
+    assert [(row["_step"], row["epoch"]) for row in epochs] == [(STEPS, 0), (2 * STEPS, 1)]
+    assert [row["loss"] for row in epochs] == history["loss"]
+    assert [row["_step"] for row in run.history if "batch/loss" in row] == [2, 4, 6, 8]
+    arts = run.artifacts
+    assert [(a["name"], a["type"]) for a in arts] == [(f"model-{run.id}", "model")] * EPOCHS
+    assert [a["aliases"] for a in arts] == [["best", "epoch-1", "latest"], ["best", "epoch-2", "latest"]]
+    assert arts[-1]["files"] == {"best.keras": b64_md5(tmp_path / "best.keras")}
+
+
+def test_group_mode_makes_one_named_run_per_worker_in_one_group(group_job):
+    _, results, runs = group_job
+    assert [r["imported_wandb"] for r in results] == [True, True]
+    assert sorted(run.name for run in runs) == ["exp-worker0", "exp-worker1"]
+    groups = {run.group for run in runs}
+    assert len(groups) == 1 and groups.pop().startswith("kmp-")  # drawn by the chief, broadcast
+    by_name = {run.name: run for run in runs}
+    for index in (0, 1):
+        run = by_name[f"exp-worker{index}"]
+        assert run.finished and run.config["worker_index"] == index
+        assert run.config["num_workers"] == 2
+        assert [row["loss"] for row in run.history if "epoch" in row] == results[index]["history"]["loss"]
+    assert len(by_name["exp-worker0"].artifacts) == EPOCHS  # checkpoints: the chief's run only
+    assert by_name["exp-worker1"].artifacts == []
