@@ -1,0 +1,217 @@
+"""The stop decision of `kmp.callbacks.EarlyStopping`, on numbers.
+
+`StoppingRule` is tested alone (no model, no fit), then driven through the
+callback's hooks beside Keras's own `EarlyStopping` on many value sequences:
+both must agree epoch by epoch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keras_mgpu_plugins.callbacks.early_stopping import EarlyStopping, StoppingRule, Verdict
+
+
+def run(rule, values):
+    """Feeds `values` (one per epoch) until the rule stops; returns the verdicts."""
+    verdicts = []
+    for epoch, value in enumerate(values):
+        verdicts.append(rule.step(epoch, value))
+        if verdicts[-1].stop:
+            break
+    return verdicts
+
+
+@pytest.mark.parametrize("patience", [0, 1, 2, 3])
+def test_patience_counts_epochs_without_improvement(patience):
+    # Keras's own case: the best loss (8.0) is at epoch 2.
+    rule = StoppingRule("min", patience=patience)
+    run(rule, [10.0, 9.0, 8.0, 9.0, 8.9, 8.8, 8.7, 8.6, 8.5])
+    assert rule.stopped_epoch == max(patience, 1) + 2
+    assert (rule.best, rule.best_epoch) == (8.0, 2)
+
+
+def test_epoch_zero_never_stops():
+    rule = StoppingRule("min", patience=0)
+    assert rule.step(0, 1.0) == Verdict(monitored=True, improved=True)
+    assert rule.step(1, 2.0) == Verdict(monitored=True, stop=True)
+
+
+def test_max_mode_keeps_the_highest_value():
+    rule = StoppingRule("max", patience=2)
+    verdicts = run(rule, [0.5, 0.7, 0.6, 0.65, 0.9])
+    assert [v.improved for v in verdicts] == [True, True, False, False]
+    assert (rule.best, rule.best_epoch, rule.stopped_epoch) == (0.7, 1, 3)
+
+
+@pytest.mark.parametrize("min_delta", [0.1, -0.1])
+def test_min_delta_must_be_exceeded_and_its_sign_is_ignored(min_delta):
+    rule = StoppingRule("min", min_delta=min_delta, patience=5)
+    verdicts = run(rule, [1.0, 0.95, 0.85, 0.76])
+    assert [v.improved for v in verdicts] == [True, False, True, False]
+    assert rule.best == 0.85
+    assert rule.min_delta == 0.1
+
+
+def test_min_delta_in_max_mode():
+    rule = StoppingRule("max", min_delta=0.5, patience=5)
+    assert [v.improved for v in run(rule, [1.0, 1.4, 1.6])] == [True, False, True]
+
+
+def test_baseline_not_beaten_stops_after_patience_with_the_best_seen():
+    rule = StoppingRule("min", patience=5, baseline=0.5)
+    verdicts = run(rule, [0.9, 0.8, 0.7, 0.71, 0.72, 0.73])
+    assert len(verdicts) == 5 and verdicts[-1].stop
+    assert (rule.best, rule.best_epoch, rule.stopped_epoch) == (0.7, 2, 4)
+
+
+def test_beating_the_baseline_resets_the_wait():
+    rule = StoppingRule("min", patience=2, baseline=0.5)
+    run(rule, [0.9, 0.4, 0.45, 0.46, 0.47])
+    assert (rule.best_epoch, rule.stopped_epoch) == (1, 3)
+
+
+def test_start_from_epoch_ignores_warm_up_epochs():
+    rule = StoppingRule("min", patience=0, start_from_epoch=2)
+    verdicts = run(rule, [5.0, 6.0, 7.0, 8.0])
+    assert [v.monitored for v in verdicts] == [False, False, True, True]
+    assert (rule.best, rule.best_epoch, rule.stopped_epoch) == (7.0, 2, 3)
+
+
+def test_missing_value_is_not_monitored_and_does_not_count():
+    rule = StoppingRule("min", patience=2)
+    verdicts = run(rule, [1.0, None, None, 2.0, 3.0])
+    assert [v.monitored for v in verdicts] == [True, False, False, True, True]
+    assert rule.stopped_epoch == 4
+
+
+def test_values_closer_than_float32_are_equal_as_in_keras():
+    close = 0.1 + 1e-12  # differs from 0.1 in float64, not in float32
+    assert not StoppingRule("max").is_improvement(close, 0.1)
+    assert StoppingRule("max", dtype="float64").is_improvement(close, 0.1)
+
+
+def test_nan_is_never_an_improvement():
+    rule = StoppingRule("min")
+    assert not rule.is_improvement(float("nan"), 1.0)
+    assert rule.is_improvement(float("nan"), None)  # the first value is the best so far
+
+
+def test_reset_forgets_the_previous_run():
+    rule = StoppingRule("min", patience=0)
+    run(rule, [1.0, 2.0])
+    rule.reset()
+    assert (rule.wait, rule.best, rule.best_epoch, rule.stopped_epoch) == (0, None, 0, 0)
+
+
+def test_mode_must_be_resolved():
+    with pytest.raises(ValueError, match="Received: mode='auto'"):
+        StoppingRule("auto")
+
+
+# --- the callback's hooks against Keras's, on many sequences ----------------------
+
+
+class StandInModel:
+    """Weights are the epoch number: restoring shows which epoch was kept."""
+
+    def __init__(self):
+        self.stop_training = False
+        self.weights = -1
+
+    def get_weights(self):
+        return self.weights
+
+    def set_weights(self, weights):
+        self.weights = weights
+
+
+def drive(callback, values, mode):
+    import keras
+
+    callback.set_model(StandInModel())
+    if mode == "auto":  # no metrics to infer from: Keras picks "min" for a loss
+        assert callback.monitor == "val_loss"
+    callback.on_train_begin()
+    seen = []
+    for epoch, value in enumerate(values):
+        callback.model.weights = epoch
+        callback.on_epoch_end(epoch, logs={} if value is None else {"val_loss": value})
+        seen.append((callback.wait, callback.best, callback.best_epoch))
+        if callback.model.stop_training:
+            break
+    callback.on_train_end()
+    assert isinstance(callback, keras.callbacks.EarlyStopping)
+    return seen, callback.stopped_epoch, callback.model.weights
+
+
+SETTINGS = [
+    dict(patience=0),
+    dict(patience=2, min_delta=0.05),
+    dict(patience=3, baseline=0.3),
+    dict(patience=1, start_from_epoch=3),
+    dict(patience=2, mode="max", min_delta=0.01),
+    dict(patience=4, baseline=0.9, mode="max", start_from_epoch=1),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("restore", [False, True])
+def test_hooks_agree_with_keras_epoch_by_epoch(settings, restore):
+    import warnings
+
+    import keras
+
+    rng = np.random.default_rng(len(str(settings)))
+    stopped = []
+    for trial in range(25):
+        noise = rng.uniform(0.01, 1.0)
+        values = list(np.round(rng.uniform(0, noise, size=12) + np.linspace(0.5, 0, 12), 2))
+        values = [None if rng.uniform() < 0.1 else float(v) for v in values]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the missing-metric warning, from both
+            ours = drive(EarlyStopping(restore_best_weights=restore, **settings), values,
+                         settings.get("mode", "auto"))
+            theirs = drive(keras.callbacks.EarlyStopping(restore_best_weights=restore, **settings),
+                           values, settings.get("mode", "auto"))
+        assert ours == theirs, (trial, values)
+        stopped.append(ours[1])
+    assert any(e > 0 for e in stopped)  # the sequences do make it stop
+
+
+def test_missing_monitor_warns_like_keras():
+    stopper = EarlyStopping(monitor="val_auc", mode="max")
+    stopper.set_model(StandInModel())
+    stopper.on_train_begin()
+    with pytest.warns(UserWarning, match="`val_auc` which is not available. Available metrics are: loss"):
+        stopper.on_epoch_end(0, logs={"loss": 1.0})
+    assert stopper.best is None
+
+
+@pytest.mark.parametrize(
+    "settings, losses, stop_at, trained, kept",
+    [
+        # The best epoch is 2; patience 2 runs to epoch 4, then restores epoch 2.
+        (dict(patience=2), [0.2, 0.15, 0.1, 0.11, 0.12], None, 5, 2),
+        # Nothing beats the baseline: 5 epochs (patience), the best of them kept.
+        (dict(patience=5, baseline=0.5), [0.9, 0.8, 0.7, 0.71, 0.72, 0.73], None, 5, 2),
+        # Another callback stops training at epoch 3: the best epoch is still restored.
+        (dict(patience=5, baseline=0.5), [0.9, 0.8, 0.7, 0.71, 0.72, 0.73], 3, 4, 2),
+    ],
+)
+def test_restore_best_weights_keeps_the_best_epoch(settings, losses, stop_at, trained, kept):
+    stopper = EarlyStopping(monitor="val_loss", restore_best_weights=True, **settings)
+    stopper.set_model(StandInModel())
+    stopper.on_train_begin()
+    epochs_trained = 0
+    for epoch, loss in enumerate(losses):
+        epochs_trained += 1
+        stopper.model.weights = epoch
+        stopper.on_epoch_end(epoch, logs={"val_loss": loss})
+        if epoch == stop_at:
+            stopper.model.stop_training = True
+        if stopper.model.stop_training:
+            break
+    stopper.on_train_end()
+    assert (epochs_trained, stopper.model.get_weights()) == (trained, kept)
