@@ -13,6 +13,7 @@ processes that log.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import platform
 import secrets
@@ -25,10 +26,19 @@ import numpy as np
 
 from keras_mgpu_plugins import collective
 from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.integrations._wandb_logic import (
+    StepCounter,
+    batch_sizes,
+    batches_between_logs,
+    checkpoint_aliases,
+    format_group_id,
+    worker_run_name,
+)
 
 MODES = ("chief", "group")
 INSTALL_HINT = 'pip install "keras_mgpu_plugins[wandb]"'
 JOB_ID_ENV = "KMP_JOB_ID"
+logger = logging.getLogger("keras_mgpu_plugins")
 FLUSH_TOPIC = "flush"  # proposed events topic: "publish what you still hold, now"
 
 
@@ -102,7 +112,7 @@ class WandbLogger(keras.callbacks.Callback):
         self.log_checkpoints = bool(log_checkpoints)
         self.run: Any = None
         self._owns_run = False
-        self._logs_here: bool | None = None  # None until fit begins: events wait
+        self._logs_here: bool | None = None  # None: fit not begun (events wait)
         self._sized = False
         self._steps: StepCounter | None = None
         self._pending: list[tuple[str, dict[str, Any]]] = []
@@ -111,6 +121,7 @@ class WandbLogger(keras.callbacks.Callback):
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
+        self._logs_here, self._pending = None, []
         events.subscribe(model, "checkpoint_saved", self._on_checkpoint)
         events.subscribe(model, "device_metrics", self._on_device_metrics)
 
@@ -157,7 +168,7 @@ class WandbLogger(keras.callbacks.Callback):
         events.publish(self.model, FLUSH_TOPIC, {"reason": "train_end"})
         events.unsubscribe(self.model, "checkpoint_saved", self._on_checkpoint)
         events.unsubscribe(self.model, "device_metrics", self._on_device_metrics)
-        run, self.run, self._steps, self._logs_here = self.run, None, None, None
+        run, self.run, self._steps, self._logs_here = self.run, None, None, False
         if run is not None and self._owns_run:
             run.finish()
 
@@ -191,15 +202,21 @@ class WandbLogger(keras.callbacks.Callback):
         self.run.config.setdefaults({k: v for k, v in measured.items() if k not in self.config})
 
     def _wait_or_drop(self, topic: str, payload: dict[str, Any]) -> bool:
-        """Whether to handle `payload` now (not before this process's run is open)."""
-        if self._logs_here is None:  # published before on_train_begin: keep it
+        """Whether to handle `payload` now; keeps it if the run is not open yet."""
+        if self._logs_here is None:  # published before on_train_begin
             self._pending.append((topic, payload))
+        elif self._logs_here is False and topic == "checkpoint_saved":  # after fit ended
+            logger.warning(
+                "WandbLogger: checkpoint %s was completed after the W&B run was finished and "
+                "is not logged. List WandbLogger after the checkpoint callback.", payload["path"],
+            )
         return self.run is not None
 
     def _on_device_metrics(self, payload: dict[str, Any]) -> None:
         if not self._wait_or_drop("device_metrics", payload):
             return
-        step = self._steps.at(epoch=payload.get("epoch"), batch=payload.get("batch"))
+        batch = payload.get("batch")  # DeviceMetricsLogger: batches done in the epoch
+        step = self._steps.at(epoch=payload.get("epoch"), batch=None if batch is None else batch - 1)
         self.run.log(dict(payload.get("metrics", {})), step=step)
 
     def _on_checkpoint(self, payload: dict[str, Any]) -> None:
@@ -217,87 +234,6 @@ class WandbLogger(keras.callbacks.Callback):
         else:
             artifact.add_file(str(path))
         self.run.log_artifact(artifact, aliases=checkpoint_aliases(payload))
-
-
-# --- pure decisions (no Keras, no W&B) ----------------------------------------------
-
-
-def batches_between_logs(log_freq: str | int) -> int:
-    """Batches between two batch logs: 0 for `"epoch"`, 1 for `"batch"`, else `log_freq`."""
-    if log_freq == "epoch":
-        return 0
-    if log_freq == "batch":
-        return 1
-    if isinstance(log_freq, bool) or not isinstance(log_freq, int) or log_freq < 1:
-        raise ValueError(
-            f'log_freq must be "epoch", "batch" or a positive int. Received: log_freq={log_freq!r}'
-        )
-    return log_freq
-
-
-def worker_run_name(name: str | None, worker_index: int) -> str:
-    """The run name of one worker in `"group"` mode."""
-    return f"{name or 'run'}-worker{worker_index}"
-
-
-def format_group_id(value: int) -> str:
-    """The group name for a job id drawn as an integer."""
-    return f"kmp-{int(value) & (2**63 - 1):016x}"
-
-
-def checkpoint_aliases(payload: dict[str, Any]) -> list[str]:
-    """Artifact aliases for a `"checkpoint_saved"` payload (epoch-N as Keras's `{epoch}`)."""
-    aliases = ["latest", f"epoch-{int(payload['epoch']) + 1}"]
-    return aliases + ["best"] if payload.get("is_best") else aliases
-
-
-def batch_sizes(local_counts: list[float], batches_done: int, num_replicas: int) -> dict[str, int]:
-    """Global and per-replica batch size from the rows each local replica counted."""
-    if batches_done < 1 or not local_counts or local_counts[0] <= 0:
-        return {}
-    per_replica = int(round(local_counts[0] / batches_done))
-    return {"global_batch_size": per_replica * num_replicas, "per_replica_batch_size": per_replica}
-
-
-class StepCounter:
-    """W&B steps: global batches done, monotonic across epochs and resumed fits.
-
-    Args:
-        steps_per_epoch: Batches per epoch (`params["steps"]`), or `None` if unknown.
-        start: The run's step when `fit` begins (0 for a new run).
-    """
-
-    def __init__(self, steps_per_epoch: int | None, start: int = 0) -> None:
-        self.steps, self.start = steps_per_epoch, start
-        self.first_epoch: int | None = None
-        self.epoch = 0
-        self.base = self.last = start
-
-    def begin_epoch(self, epoch: int) -> None:
-        """Marks the start of `epoch` (the first one seen may be `initial_epoch`)."""
-        if self.first_epoch is None:
-            self.first_epoch = epoch
-            if self.steps:  # a resumed fit starts where its epochs put it
-                self.start = max(self.start, epoch * self.steps)
-        self.epoch = epoch
-        self.base = self._base(epoch)
-
-    def at(self, epoch: int | None = None, batch: int | None = None) -> int:
-        """The step after `batch` of `epoch` (default: the current epoch; its end if no batch)."""
-        base = self.base if epoch is None or epoch == self.epoch else self._base(epoch)
-        if batch is not None:
-            step = base + batch + 1
-        elif self.steps:
-            step = base + self.steps
-        else:
-            step = max(self.last, base + 1)
-        self.last = max(self.last, step)
-        return step
-
-    def _base(self, epoch: int) -> int:
-        if self.steps and self.first_epoch is not None:
-            return self.start + (epoch - self.first_epoch) * self.steps
-        return self.last
 
 
 # --- what the run records -------------------------------------------------------------

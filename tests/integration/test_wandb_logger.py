@@ -202,3 +202,22 @@ def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, as
     assert arts[-1]["files"] == {"best.keras": b64_md5(path)}  # the last, complete file
     assert len({a["files"]["best.keras"] for a in arts}) == 3  # 3 different files
 
+
+
+@pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
+def test_device_metrics_logger_records_land_at_their_steps(wandb_dir, logger_first):
+    module = pytest.importorskip("keras_mgpu_plugins.callbacks.device_metrics_logger")
+    from keras_mgpu_plugins.samplers import ScriptedSampler
+
+    sampler = ScriptedSampler([{"GPU:0": {"memory_mb": 100.0 * (i + 1)}} for i in range(50)])
+    devices = module.DeviceMetricsLogger(log_every_n_batches=2, sampler=sampler, summary=False)
+    logger = WandbLogger(project="kmp-test", log_freq=2)
+    fit([logger, devices] if logger_first else [devices, logger])
+    run = only_run(wandb_dir)
+    key = "device/GPU:0/memory_mb"
+    rows = [row for row in run.history if key in row]
+    # batch records after 2 batches of each epoch, epoch records at each epoch's end
+    assert [row["_step"] for row in rows] == [2, 4, 6, 8]
+    assert [row["_step"] for row in rows if "epoch" in row] == [4, 8]
+    assert all("batch/loss" in row for row in rows)  # merged with the batch logs of that step
+    assert rows[-1]["host/memory_mb"] > 0

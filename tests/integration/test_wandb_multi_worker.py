@@ -43,6 +43,7 @@ def train(out_dir, mode):
     import sys
 
     import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
     from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
     from keras_mgpu_plugins.integrations.wandb import WandbLogger
 
@@ -53,6 +54,7 @@ def train(out_dir, mode):
     callbacks = [
         WandbLogger(project="kmp-mw", name="exp", mode=mode, config={"lr": 0.1}, log_freq=2),
         ModelCheckpoint(os.path.join(out_dir, "best.keras"), monitor="loss", save_best_only=True),
+        DeviceMetricsLogger(summary=False),
     ]
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                         callbacks=callbacks)
@@ -61,6 +63,7 @@ def train(out_dir, mode):
 
 def run_job(tmp_path, mode):
     pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
+    pytest.importorskip("keras_mgpu_plugins.callbacks.device_metrics_logger")
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
            "KMP_JOB_ID": None, "WANDB_RUN_GROUP": None, "WANDB_PROJECT": None}
     results = kmp.launch(train, num_workers=2, args=(str(tmp_path), mode), timeout=200, env=env)
@@ -112,6 +115,12 @@ def test_chief_mode_logs_epochs_batches_and_checkpoints(chief_job):
     assert [(a["name"], a["type"]) for a in arts] == [(f"model-{run.id}", "model")] * EPOCHS
     assert [a["aliases"] for a in arts] == [["best", "epoch-1", "latest"], ["best", "epoch-2", "latest"]]
     assert arts[-1]["files"] == {"best.keras": b64_md5(tmp_path / "best.keras")}
+
+
+def test_chief_run_holds_every_workers_device_metrics(chief_job):
+    (run,) = chief_job[2]
+    for row in [row for row in run.history if "epoch" in row]:
+        assert row["host/worker0/memory_mb"] > 0 and row["host/worker1/memory_mb"] > 0
 
 
 def test_group_mode_makes_one_named_run_per_worker_in_one_group(group_job):

@@ -8,15 +8,15 @@ import sys
 import pytest
 
 from keras_mgpu_plugins.integrations import wandb as kmp_wandb
-from keras_mgpu_plugins.integrations.wandb import (
+from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
-    WandbLogger,
     batch_sizes,
     batches_between_logs,
     checkpoint_aliases,
     format_group_id,
     worker_run_name,
 )
+from keras_mgpu_plugins.integrations.wandb import WandbLogger
 
 
 @pytest.mark.parametrize(("log_freq", "expected"), [("epoch", 0), ("batch", 1), (1, 1), (25, 25)])
