@@ -321,3 +321,28 @@ def test_replaced_methods_keep_keras_signature_and_doc():
     assert list(inspect.signature(parallel_model.fit).parameters)[:3] == ["x", "y", "batch_size"]
     assert "fit" not in [layer.name for layer in parallel_model.layers]
     assert len(parallel_model.weights) == 4
+
+
+def test_refused_in_a_multi_worker_job(monkeypatch):
+    import json
+
+    from keras_mgpu_plugins.strategy import StrategyError
+
+    cluster = {
+        "cluster": {"worker": ["localhost:1", "localhost:2"]},
+        "task": {"type": "worker", "index": 0},
+    }
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    with pytest.raises(StrategyError, match=r"one worker of a multi-worker job.*@kmp.parallelize"):
+        kmp.multi_gpu_model(sequential(), gpus=2)
+
+
+def test_a_callback_list_is_accepted():
+    x, y = data()
+    model = sequential()
+    parallel_model = replicate(model)
+    parallel_model.compile(optimizer="sgd", loss="mse")
+    history = keras.callbacks.History()
+    parallel_model.fit(x, y, epochs=2, verbose=0, callbacks=keras.callbacks.CallbackList([history]))
+    assert len(history.history["loss"]) == 2
+    assert_same(model.get_weights(), parallel_model.get_weights())
