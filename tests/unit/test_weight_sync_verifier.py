@@ -1,0 +1,199 @@
+"""WeightSyncVerifier's decisions and the fingerprint, with numbers (no training)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins import fingerprint as fp
+from keras_mgpu_plugins.callbacks.weight_sync_verifier import (
+    CheckSchedule,
+    VariableMismatch,
+    WeightSyncVerifier,
+    classify,
+    differing_copies,
+)
+
+
+def reference_fingerprint(array: np.ndarray) -> int:
+    """The documented formula, in numpy."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.dtype == np.bool_:
+        words = flat.astype(np.uint32)
+    elif flat.dtype.itemsize < 4:
+        words = flat.view(f"u{flat.dtype.itemsize}").astype(np.uint32)
+    else:
+        words = flat.view(np.uint32)
+    i = np.arange(words.size, dtype=np.uint32)
+    x = words ^ (i * np.uint32(0x9E3779B9) + np.uint32(0x7F4A7C15))
+    x ^= x >> 16
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> 13
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> 16
+    return int(x.sum(dtype=np.uint64) & 0xFFFFFFFF)
+
+
+# --- the fingerprint ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64", "bool"]
+)
+def test_fingerprint_is_the_documented_formula_for_every_dtype(dtype):
+    values = (np.random.default_rng(3).normal(size=(5, 7)) * 50).astype(dtype)
+    expected = reference_fingerprint(values)
+    assert fp.fingerprint(values) == expected
+    assert fp.fingerprint(values, jit_compile=False) == expected
+    assert fp.fingerprint(tf.Variable(values)) == expected
+
+
+def test_bfloat16_reads_its_16_bits():
+    values = tf.constant([1.0, -2.5, 3.0e-3], tf.bfloat16)
+    bits = tf.bitcast(values, tf.uint16).numpy()
+    assert fp.fingerprint(values) == reference_fingerprint(bits)
+
+
+def test_every_single_bit_flip_changes_the_fingerprint():
+    values = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
+    base = fp.fingerprint(values)
+    seen = {base}
+    for index in range(values.size):
+        for bit in range(32):
+            flipped = values.copy()
+            flipped.reshape(-1).view(np.uint32)[index] ^= np.uint32(1 << bit)
+            seen.add(fp.fingerprint(flipped, jit_compile=False))
+    assert len(seen) == 1 + values.size * 32  # every flip caught, and no two alike
+
+
+def test_last_mantissa_bit_of_float64_and_swapped_values_are_caught():
+    values = np.linspace(-1, 1, 10)
+    flipped = values.copy()
+    flipped.view(np.uint64)[7] ^= np.uint64(1)
+    assert abs(flipped[7] - values[7]) < 1e-15
+    assert fp.fingerprint(flipped) != fp.fingerprint(values)
+    swapped = values.copy()
+    swapped[[2, 5]] = swapped[[5, 2]]
+    assert fp.fingerprint(swapped) != fp.fingerprint(values)  # positions count
+
+
+def test_large_tensors_are_hashed_in_chunks_with_their_positions(monkeypatch):
+    monkeypatch.setattr(fp, "CHUNK_ELEMENTS", 1000)
+    values = np.random.default_rng(1).normal(size=(2500,))
+    assert fp.fingerprint(values) == reference_fingerprint(values)  # float64: 2 words each
+    assert fp.fingerprint(values.astype("float32")) == reference_fingerprint(values.astype("float32"))
+
+
+def test_fingerprinter_hashes_each_copy_on_its_device():
+    values = np.random.default_rng(2).normal(size=(4, 3)).astype("float32")
+    groups = []
+    for device in ("/cpu:0", "/cpu:1"):
+        with tf.device(device):
+            groups.append([tf.Variable(values), tf.Variable(np.arange(5, dtype=np.int64))])
+    assert groups[1][0].device.endswith("CPU:1")
+    result = fp.make_fingerprinter(groups)()
+    assert result.dtype == np.int64 and result.shape == (2, 2)
+    expected = [reference_fingerprint(values), reference_fingerprint(np.arange(5, dtype=np.int64))]
+    assert result.tolist() == [expected, expected]
+    groups[1][0].assign(values + 1e-3)
+    assert result.tolist() != fp.make_fingerprinter(groups)().tolist()
+
+
+def test_fingerprint_refuses_types_without_bits():
+    assert not fp.supports(tf.complex64) and not fp.supports(tf.string)
+    with pytest.raises(TypeError, match="complex64"):
+        fp.fingerprint(np.zeros(2, np.complex64))
+    with pytest.raises(ValueError, match="same number of variables"):
+        fp.make_fingerprinter([[tf.Variable(1.0)], []])
+
+
+# --- decisions ------------------------------------------------------------------------
+
+
+def test_differing_copies_names_workers_and_replicas():
+    fps = np.zeros((2, 2, 4), dtype=np.int64)  # workers, replicas, variables
+    fps[0, 1, 1] = 7  # worker 0's second replica, variable 1
+    fps[1, :, 3] = 9  # both replicas of worker 1, variable 3
+    assert differing_copies(fps) == [(1, ((0, 1),)), (3, ((1, 0), (1, 1)))]
+    assert differing_copies(np.ones((2, 2, 4), dtype=np.int64)) == []
+    reference = np.zeros((1, 2, 1), dtype=np.int64)
+    reference[0, 0, 0] = 5  # the reference itself is the odd one: the others are named
+    assert differing_copies(reference) == [(0, ((0, 1),))]
+
+
+def test_classify_skips_per_replica_state_and_separates_statistics():
+    stats = ("moving_mean", "moving_variance")
+    assert classify("kernel", True, "auto", True, stats) == "synced"
+    assert classify("kernel", False, "auto", True, stats) == "synced"  # a frozen layer's
+    assert classify("moving_mean", False, "auto", True, stats) == "statistic"
+    assert classify("moving_mean", True, "auto", True, stats) == "synced"
+    assert classify("total", False, "on_read", True, stats) is None  # metric accumulator
+    assert classify("seed_generator_state", False, "auto", True, stats) is None
+    assert classify("kernel", True, "auto", False, stats) is None  # no bits to hash
+
+
+def test_schedule_every_n_epochs():
+    schedule = CheckSchedule(every_n_epochs=2, every_n_batches=None)
+    assert [e for e in range(6) if schedule.after_epoch(e)] == [1, 3, 5]
+    assert not schedule.after_batch(0)
+
+
+@pytest.mark.parametrize(
+    "batch_ends, expected",
+    [
+        ([0, 1, 2, 3, 4, 5, 6, 7], [2, 5]),  # one step per call: steps 3 and 6
+        ([1, 3, 5, 7], [1, 2]),  # steps_per_execution=2: steps 4 (crosses 3) and 6
+    ],
+)
+def test_schedule_every_n_batches_counts_steps_across_epochs(batch_ends, expected):
+    schedule = CheckSchedule(every_n_epochs=None, every_n_batches=3)
+    due = []
+    for _ in range(2):  # two epochs of 8 steps
+        schedule.start_epoch()
+        due.append([i for i, b in enumerate(batch_ends) if schedule.after_batch(b)])
+    assert due[0] == expected
+    assert schedule.steps == 16
+    assert sum(len(d) for d in due) == 16 // 3
+    assert not schedule.after_epoch(0)
+
+
+def test_mismatch_record_describes_itself():
+    record = VariableMismatch("dense/kernel", "model", ((0, 1), (1, 0)), (1e-3, 2.0))
+    assert record.max_abs_diff == 2.0
+    assert record.describe() == (
+        "dense/kernel [model]: worker 0 replica 1 (max |diff| 0.001), worker 1 replica 0 (max |diff| 2)"
+    )
+    error = kmp.WeightsOutOfSyncError("out of sync", [record])
+    assert error.mismatches == [record] and str(error) == "out of sync"
+
+
+# --- arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"every_n_batches": 0}, "Received: every_n_batches=0"),
+        ({"every_n_batches": -3}, "Received: every_n_batches=-3"),
+        ({"every_n_epochs": 0}, "Received: every_n_epochs=0"),
+        ({"every_n_epochs": 1.5}, "Received: every_n_epochs=1.5"),
+        ({"every_n_epochs": 2, "every_n_batches": 10}, "not both. Received: every_n_epochs=2"),
+        ({"on_mismatch": "ignore"}, "Received: on_mismatch='ignore'"),
+    ],
+)
+def test_bad_arguments_fail_in_init(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("|", r"\|")):
+        WeightSyncVerifier(**kwargs)
+
+
+def test_defaults_and_batch_hook_only_when_asked():
+    default = WeightSyncVerifier()
+    assert default.schedule.every_n_epochs == 1 and default.schedule.every_n_batches is None
+    assert default.on_mismatch == "raise" and not default.sync_stats
+    # Keras dispatches batch hooks asynchronously only while they carry its default mark
+    assert getattr(default.on_train_batch_end, "_is_default", False)
+    batched = WeightSyncVerifier(every_n_batches=5)
+    assert not getattr(batched.on_train_batch_end, "_is_default", False)
+    assert batched.schedule.every_n_epochs is None
