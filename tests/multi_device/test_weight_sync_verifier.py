@@ -1,0 +1,245 @@
+"""WeightSyncVerifier over the 2 logical CPU devices of tests/conftest.py (2 replicas).
+
+Drift is planted by writing one replica's copy of a variable directly, the
+way a faulty device or a forgotten per-replica update would leave it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks.weight_sync_verifier import WeightSyncVerifier
+
+LOGGER = "keras_mgpu_plugins.callbacks.weight_sync_verifier"
+
+
+def build_model(batch_norm=True, optimizer="adam"):
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((6,)), keras.layers.Dense(8, activation="relu")]
+    if batch_norm:
+        layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.2)]
+    model = keras.Sequential([*layers, keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    return model
+
+
+def mirrored(**kwargs):
+    return kmp.parallelize(strategy="mirrored")(build_model)(**kwargs)
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    return x, (x @ rng.normal(size=(6, 1))).astype("float32")
+
+
+def copies(model, variable):
+    return model.distribute_strategy.experimental_local_results(variable.value)
+
+
+def nudge(model, variable, replica=1, by=1e-3):
+    copy = copies(model, variable)[replica]
+    copy.assign(copy.numpy() + by)
+
+
+def flip_last_bit(model, variable, replica=1, index=0):
+    copy = copies(model, variable)[replica]
+    value = copy.numpy()
+    value.reshape(-1).view(np.uint32)[index] ^= np.uint32(1)
+    copy.assign(value)
+
+
+def fit(model, callbacks, epochs=1, **kwargs):
+    x, y = data()
+    return model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+                     callbacks=callbacks, **kwargs)
+
+
+class AtEpochEnd(keras.callbacks.Callback):
+    def __init__(self, epoch, action):
+        super().__init__()
+        self.epoch, self.action = epoch, action
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.action(self.model)
+
+
+def test_no_false_alarm_over_several_epochs_with_batch_norm_dropout_adam():
+    model = mirrored()
+    verifier = WeightSyncVerifier()  # on_mismatch="raise"
+    history = fit(model, [verifier], epochs=3)
+    assert len(history.history["loss"]) == 3
+    assert [r.where for r in verifier.reports] == [
+        "train begin", "end of epoch 1", "end of epoch 2", "end of epoch 3"]
+    assert all(r.mismatches == () for r in verifier.reports)
+    # the replicas' trainable and optimizer state are bit-identical, as checked
+    for var in model.trainable_variables + model.optimizer.variables:
+        a, b = (c.numpy() for c in copies(model, var))
+        assert np.array_equal(a, b), var.path
+    # BatchNormalization's statistics drift apart, and are reported apart
+    unsynced = {u.path: u for u in verifier.reports[-1].unsynced}
+    bn = model.layers[1]
+    assert set(unsynced) == {bn.moving_mean.path, bn.moving_variance.path}
+    for var in (bn.moving_mean, bn.moving_variance):
+        a, b = (c.numpy() for c in copies(model, var))
+        assert unsynced[var.path].copies == ((0, 1),)
+        assert unsynced[var.path].max_abs_diff == pytest.approx(np.max(np.abs(a - b)), abs=1e-7)
+        assert unsynced[var.path].max_abs_diff > 1e-4
+
+
+def test_keras_batch_norm_statistics_drift_after_one_step():
+    """Keras creates moving statistics with aggregation "none": each replica updates its own."""
+    model = mirrored()
+    x, y = data(32)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # one step, 16 rows per replica
+    bn = model.layers[1]
+    drift = {}
+    for var in (bn.moving_mean, bn.moving_variance):
+        assert var.value.aggregation.name == "NONE" and not var.trainable
+        a, b = (c.numpy() for c in copies(model, var))
+        drift[var.name] = float(np.max(np.abs(a - b)))
+        np.testing.assert_array_equal(var.numpy(), a)  # what get_weights() and save() see
+    assert 1e-4 < drift["moving_mean"] < 1e-1, drift  # measured: 1.4e-3 (mean), 5.0e-3 (variance)
+    assert 1e-4 < drift["moving_variance"] < 1e-1, drift
+
+
+def test_sync_stats_averages_statistics_over_replicas():
+    model = mirrored()
+    bn = model.layers[1]
+    planted = {}
+    for var in (bn.moving_mean, bn.moving_variance):
+        a, b = copies(model, var)
+        a.assign(np.full(8, 1.0, "float32"))
+        b.assign(np.arange(8, dtype="float32"))
+        planted[var.path] = (np.full(8, 1.0) + np.arange(8)) / 2
+    verifier = WeightSyncVerifier(sync_stats=True)
+    fit(model, [verifier], epochs=1, initial_epoch=1)  # no step: only train begin and end
+    assert [r.where for r in verifier.reports] == ["train begin", "train end"]
+    assert {u.path for u in verifier.reports[0].unsynced} == set(planted)
+    assert verifier.reports[0].mismatches == ()
+    for var in (bn.moving_mean, bn.moving_variance):
+        for copy in copies(model, var):
+            np.testing.assert_array_equal(copy.numpy(), planted[var.path].astype("float32"))
+    weights = dict(zip([v.path for v in model.weights], model.get_weights(), strict=True))
+    np.testing.assert_array_equal(weights[bn.moving_mean.path], planted[bn.moving_mean.path])
+
+
+def test_sync_stats_after_training_leaves_every_replica_equal():
+    model = mirrored()
+    verifier = WeightSyncVerifier(sync_stats=True, every_n_epochs=2)
+    fit(model, [verifier], epochs=3)  # epoch 3 is not a check: train end syncs
+    assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 2", "train end"]
+    assert all(r.mismatches == () for r in verifier.reports)
+    assert verifier.reports[1].unsynced and verifier.reports[2].unsynced
+    for var in model.variables:
+        if var.synchronization != "on_read":
+            a, b = (c.numpy() for c in copies(model, var))
+            assert np.array_equal(a, b), var.path
+
+
+@pytest.mark.parametrize("where", ["kernel", "optimizer"])
+def test_planted_drift_raises_naming_variable_replica_and_difference(where):
+    model = mirrored()
+    fit(model, [])  # the optimizer has state to drift
+    var = model.layers[0].kernel if where == "kernel" else model.optimizer.variables[2]
+    nudge(model, var, replica=1, by=1e-3)
+    with pytest.raises(kmp.WeightsOutOfSyncError, match="at train begin") as info:
+        fit(model, [WeightSyncVerifier()])
+    (record,) = info.value.mismatches
+    assert record.path == var.path
+    assert record.role == ("model" if where == "kernel" else "optimizer")
+    assert record.copies == ((0, 1),)
+    assert record.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+    assert var.path in str(info.value) and "worker 0 replica 1" in str(info.value)
+
+
+def test_one_flipped_bit_is_caught():
+    model = mirrored()
+    bias = model.layers[-1].bias
+    copies(model, bias)[1].assign(np.float32([0.25]))
+    copies(model, bias)[0].assign(np.float32([0.25]))
+    flip_last_bit(model, bias, replica=1)
+    with pytest.raises(kmp.WeightsOutOfSyncError) as info:
+        fit(model, [WeightSyncVerifier()])
+    (record,) = info.value.mismatches
+    assert record.path == bias.path and record.copies == ((0, 1),)
+    assert record.max_abs_diff == pytest.approx(np.spacing(np.float32(0.25)))  # 2.98e-08
+
+
+def test_drift_during_training_raises_at_the_next_check():
+    model = mirrored()
+    kernel = model.layers[0].kernel
+    planter = AtEpochEnd(1, lambda m: nudge(m, kernel))  # listed first: runs before the check
+    verifier = WeightSyncVerifier(every_n_epochs=1)
+    with pytest.raises(kmp.WeightsOutOfSyncError, match="at end of epoch 2:"):
+        fit(model, [planter, verifier], epochs=4)
+    assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 1", "end of epoch 2"]
+
+
+def test_every_n_batches_checks_at_those_steps():
+    model = mirrored()
+    verifier = WeightSyncVerifier(every_n_batches=3)
+    fit(model, [verifier], epochs=2)  # 4 steps per epoch
+    assert [r.where for r in verifier.reports] == [
+        "train begin", "epoch 1, step 3", "epoch 2, step 6"]
+
+
+def test_warn_logs_and_goes_on(caplog):
+    model = mirrored(batch_norm=False)
+    nudge(model, model.layers[0].bias)
+    verifier = WeightSyncVerifier(on_mismatch="warn")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        history = fit(model, [verifier], epochs=2)
+    assert len(history.history["loss"]) == 2
+    assert [len(r.mismatches) for r in verifier.reports] == [1, 1, 1]
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(messages) == 3 and all(model.layers[0].bias.path in m for m in messages)
+
+
+def test_resync_copies_the_chiefs_first_replica_and_goes_on(caplog):
+    model = mirrored(batch_norm=False)
+    kernel = model.layers[0].kernel
+    chief_value = copies(model, kernel)[0].numpy()
+    nudge(model, kernel, by=0.5)
+    verifier = WeightSyncVerifier(on_mismatch="resync", every_n_epochs=1)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fit(model, [verifier], epochs=1, initial_epoch=1)
+    np.testing.assert_array_equal(copies(model, kernel)[1].numpy(), chief_value)
+    assert "Resynchronised" in caplog.text
+    history = fit(model, [verifier], epochs=2)
+    assert len(history.history["loss"]) == 2
+    assert all(r.mismatches == () for r in verifier.reports)
+
+
+def test_model_outside_any_strategy_says_one_replica_once(caplog):
+    model = build_model()
+    verifier = WeightSyncVerifier(every_n_epochs=1)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fit(model, [verifier], epochs=2)
+        fit(model, [verifier], epochs=1)
+    said = [r.getMessage() for r in caplog.records if "one replica" in r.getMessage()]
+    assert len(said) == 1 and "with one worker, nothing to compare" in said[0]
+    assert all(r.mismatches == () and r.unsynced == () for r in verifier.reports)
+
+
+def test_checkpoint_saved_before_statistics_were_averaged_is_told(caplog):
+    class FakeCheckpoint(keras.callbacks.Callback):  # publishes as kmp.callbacks.ModelCheckpoint does
+        def on_epoch_end(self, epoch, logs=None):
+            events.publish(self.model, "checkpoint_saved", {
+                "path": "m.keras", "epoch": epoch, "batch": None, "is_best": True,
+                "monitor": "loss", "value": 0.0})
+
+    model = mirrored()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fit(model, [WeightSyncVerifier(sync_stats=True), FakeCheckpoint()], epochs=2)
+    assert "before WeightSyncVerifier" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        fit(model, [FakeCheckpoint(), WeightSyncVerifier(sync_stats=True)], epochs=2)
+    assert caplog.text.count("List WeightSyncVerifier before checkpoint callbacks") == 1
