@@ -47,9 +47,10 @@ def multi_gpu_model(
     """Replicates `model` on several devices: the legacy `multi_gpu_model`, on `MirroredStrategy`.
 
     Returns a new model, built under a `MirroredStrategy` over `gpus` devices,
-    holding a copy of `model`'s weights. Compile and fit it as before: each
-    global batch (`batch_size`) is split across the devices and the gradients
-    are all-reduced. `model` (the template) receives the trained weights at
+    holding a copy of `model`'s weights. Compile and fit it as before (its
+    `compile` enters the strategy's scope, and re-makes there an optimizer
+    instance made outside): each global batch (`batch_size`) is split across
+    the devices and the gradients are all-reduced. `model` (the template) receives the trained weights at
     each epoch end and when `fit`/`evaluate` return, so `model.save(...)` and
     `kmp.callbacks.ParallelModelCheckpoint(model, ...)` save the trained model.
 
@@ -300,11 +301,9 @@ class _TemplateLink:
             object.__setattr__(self.parallel, name, wrapper)  # untracked by Keras
 
     def compile(self, *args: Any, **kwargs: Any) -> Any:
-        with self.strategy.scope():
-            if args:
-                args = (self._optimizer_in_scope(args[0]), *args[1:])
-            elif "optimizer" in kwargs:
-                kwargs["optimizer"] = self._optimizer_in_scope(kwargs["optimizer"])
+        with self.strategy.scope():  # every optimizer argument (a GAN's compile has two)
+            args = tuple(self._optimizer_in_scope(a) for a in args)
+            kwargs = {k: self._optimizer_in_scope(v) for k, v in kwargs.items()}
             return self.cls.compile(self.parallel, *args, **kwargs)
 
     def _optimizer_in_scope(self, optimizer: Any) -> Any:

@@ -346,3 +346,32 @@ def test_a_callback_list_is_accepted():
     parallel_model.fit(x, y, epochs=2, verbose=0, callbacks=keras.callbacks.CallbackList([history]))
     assert len(history.history["loss"]) == 2
     assert_same(model.get_weights(), parallel_model.get_weights())
+
+
+@keras.saving.register_keras_serializable(package="kmp_tests")
+class TwoOptimizers(TwoLayer):
+    """A GAN-like compile signature: two optimizers, positional."""
+
+    def compile(self, first, second, **kwargs):
+        super().compile(optimizer=first, **kwargs)
+        self.second = second
+
+
+def test_every_optimizer_argument_is_made_in_the_scope():
+    model = TwoOptimizers()
+    model(np.zeros((1, 6), "float32"))
+    parallel_model = replicate(model)
+    outside = keras.optimizers.Adam(0.003), keras.optimizers.RMSprop(0.002)
+    parallel_model.compile(*outside, loss="mse")
+    extended = parallel_model.distribute_strategy.extended
+    for made, given in [
+        (parallel_model.optimizer, outside[0]),
+        (parallel_model.second, outside[1]),
+    ]:
+        assert type(made) is type(given)
+        assert float(made.learning_rate.numpy()) == pytest.approx(
+            float(given.learning_rate.numpy())
+        )
+        assert extended.variable_created_in_scope(made.iterations.value)
+    parallel_model.fit(*data(), batch_size=16, epochs=1, verbose=0)
+    assert_same(model.get_weights(), parallel_model.get_weights())
