@@ -1,0 +1,190 @@
+"""Every example runs, as a user runs it (a subprocess with `--quick`), and does what it says.
+
+Assertions read what the examples print and write: checkpoints that load and
+hold the expected weights, per-worker records that agree. `examples/wandb_offline.py`
+is run the same way by `tests/integration/test_wandb_example.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples"
+RUN_TIMEOUT_S = 360
+
+
+def example(name: str) -> pathlib.Path:
+    path = EXAMPLES / name
+    if not path.exists():
+        pytest.skip(f"examples/{name} does not exist yet")
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+    for name in ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX"):
+        env.pop(name, None)
+    return env
+
+
+def run_example(path: pathlib.Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(path), *args], cwd=REPO_ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if check:
+        assert done.returncode == 0, f"{path.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+def kmp_launch(path: pathlib.Path, *args: str, workers: int = 2, check: bool = True):
+    """`kmp-launch -n 2 path args...`, as the docs write it (the console script when installed)."""
+    script = pathlib.Path(sys.executable).parent / "kmp-launch"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "keras_mgpu_plugins.launch"]
+    done = subprocess.run([*command, "-n", str(workers), "--timeout", str(RUN_TIMEOUT_S - 20),
+                           str(path), *args], cwd=REPO_ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S)
+    if check:
+        assert done.returncode == 0, f"kmp-launch {path.name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+def last_json(stdout: str, prefix: str = "") -> dict:
+    lines = [line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix + "{")]
+    assert lines, f"no JSON line in the output:\n{stdout[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def weights_sha256(weights) -> str:
+    digest = hashlib.sha256()
+    for array in weights:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def load_model(path):
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+# --- one process ---------------------------------------------------------------------
+
+
+def test_quickstart(tmp_path):
+    done = run_example(example("quickstart.py"), "--quick", "--out", str(tmp_path))
+    assert "Training on 2 replicas (MirroredStrategy)" in done.stdout
+    accuracy = float(re.search(r"validation accuracy ([0-9.]+)", done.stdout).group(1))
+    assert accuracy > 0.3  # 10 classes: chance is 0.1
+    best = load_model(tmp_path / "best.keras")
+    assert best.input_shape == (None, 8, 8, 1) and best.output_shape == (None, 10)
+
+
+def test_mnist_cnn(tmp_path):
+    done = run_example(example("mnist_cnn.py"), "--quick", "--out", str(tmp_path))
+    result = last_json(done.stdout)
+    assert result["strategy"] == "MirroredStrategy" and result["replicas"] == 2
+    assert result["epochs_run"] == 2 and result["train_images"] == 512
+    assert result["val_accuracy"][-1] > 0.3
+    model = load_model(result["checkpoint"])
+    assert model.input_shape == (None, 28, 28, 1)
+    assert [type(layer).__name__ for layer in model.layers] == [
+        "Conv2D", "MaxPooling2D", "Flatten", "Dense", "Dense"]
+
+
+def test_legacy_multi_gpu_model(tmp_path):
+    done = run_example(example("legacy_multi_gpu_model.py"), "--quick", "--out", str(tmp_path))
+    result = last_json(done.stdout)
+    assert result["replicas"] == 2 and result["epochs_run"] == 3
+    assert result["template_equals_parallel"] is True
+    assert result["template_equals_best_checkpoint"] is True
+    saved = load_model(result["my_model"])
+    best = load_model(result["best_checkpoint"])
+    assert weights_sha256(saved.get_weights()) == weights_sha256(best.get_weights())
+
+
+# --- two workers (kmp-launch) -----------------------------------------------------------
+
+
+@pytest.mark.multi_worker
+def test_mnist_cnn_on_two_workers_matches_two_replicas(tmp_path):
+    """Story 3: the same script, unchanged, on 2 workers trains as on 2 local replicas."""
+    path = example("mnist_cnn.py")
+    local = last_json(run_example(path, "--quick", "--out", str(tmp_path / "local")).stdout)
+    done = kmp_launch(path, "--quick", "--out", str(tmp_path / "workers"))
+    workers = last_json(done.stdout, prefix="[worker 0] ")
+    assert "[worker 1] {" not in done.stdout  # only the chief reports
+    assert workers["strategy"] == "MultiWorkerMirroredStrategy"
+    assert workers["workers"] == 2 and workers["replicas"] == 2
+    assert workers["epochs_run"] == local["epochs_run"] == 2
+    np.testing.assert_allclose(workers["val_accuracy"], local["val_accuracy"], atol=0.005)
+    assert os.path.exists(workers["checkpoint"])
+
+
+@pytest.fixture(scope="module")
+def all_callbacks_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("all_callbacks")
+    done = kmp_launch(example("multi_worker_all_callbacks.py"), "--quick", "--out", str(out))
+    return out, done
+
+
+def _records(out: pathlib.Path) -> list[dict]:
+    return [json.loads((out / f"worker-{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.mark.multi_worker
+def test_multi_worker_all_callbacks(all_callbacks_run):
+    out, done = all_callbacks_run
+    summary = last_json(done.stdout, prefix="[worker 0] ")
+    assert summary == {
+        "workers": 2, "same_final_weights": True, "epochs_run": [3, 3], "first_epoch": 0,
+        "verifier_checks": 4, "verifier_mismatches": 0, "out": str(out),
+    }
+    chief, other = _records(out)
+    assert chief["is_chief"] and not other["is_chief"]
+    # EarlyStopping / sync: both workers ran the same epochs and hold the same weights after each.
+    assert chief["epochs"] == other["epochs"] == [0, 1, 2]
+    assert chief["epoch_sha256"] == other["epoch_sha256"]
+    assert chief["final_sha256"] == other["final_sha256"]
+    # ModelCheckpoint: one file, written once, holding the best epoch's weights.
+    best_epoch = min(chief["val_loss"], key=chief["val_loss"].get)
+    best = load_model(out / "best.keras")
+    assert weights_sha256(best.get_weights()) == chief["epoch_sha256"][best_epoch]
+    # BackupAndRestore deleted its backup after a complete run; nothing else was left behind.
+    assert sorted(p.name for p in out.iterdir()) == [
+        "best.keras", "device_metrics.csv", "worker-0.json", "worker-1.json"]
+    # DeviceMetricsLogger: the chief's CSV covers both workers, one row per epoch.
+    lines = (out / "device_metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert "host/worker0/memory_mb" in header and "host/worker1/memory_mb" in header
+    assert len(lines) == 1 + 3
+
+
+@pytest.mark.multi_worker
+def test_multi_worker_all_callbacks_resumes_after_a_failure(tmp_path, all_callbacks_run):
+    path = example("multi_worker_all_callbacks.py")
+    failed = kmp_launch(path, "--quick", "--out", str(tmp_path), "--fail-at-epoch", "2", check=False)
+    assert failed.returncode != 0
+    assert "simulated failure at the end of epoch 2" in failed.stdout + failed.stderr
+    assert (tmp_path / "backup").is_dir() and not (tmp_path / "worker-0.json").exists()
+
+    done = kmp_launch(path, "--quick", "--out", str(tmp_path))
+    summary = last_json(done.stdout, prefix="[worker 0] ")
+    assert summary["same_final_weights"] and summary["verifier_mismatches"] == 0
+    resumed_at = summary["first_epoch"]
+    assert resumed_at in (1, 2)  # the backup of epoch 2 (or, if the kill won the race, of epoch 1)
+    assert summary["epochs_run"] == [3 - resumed_at] * 2
+    assert not (tmp_path / "backup").exists()
+    # Resuming is exact: the same weights, to the bit, as the run that was never interrupted.
+    uninterrupted = _records(all_callbacks_run[0])[0]
+    assert _records(tmp_path)[0]["final_sha256"] == uninterrupted["final_sha256"]
