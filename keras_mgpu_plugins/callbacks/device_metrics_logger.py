@@ -1,0 +1,330 @@
+"""`DeviceMetricsLogger`: per-device memory, utilisation and throughput of a `fit`.
+
+Keys it adds to the epoch `logs` (stable; `K` is a worker's rank, `DEV` a
+device such as `GPU:0`; the `workerK/` part appears only with several workers):
+
+| key                                       | unit   | over the epoch                  |
+|-------------------------------------------|--------|---------------------------------|
+| `step_time/mean_ms`                       | ms     | mean time per batch (chief)     |
+| `step_time/p50_ms`, `step_time/p95_ms`    | ms     | median, 95th percentile (chief) |
+| `throughput/steps_per_sec`                | 1/s    | batches per second              |
+| `throughput/samples_per_sec`              | 1/s    | with `batch_size`: global       |
+| `throughput/samples_per_sec_per_replica`  | 1/s    | with `batch_size`: per replica  |
+| `device/peak_memory_mb_max`               | MB     | highest peak of any device      |
+| `device/utilization_pct_mean`             | %      | mean utilisation of all devices |
+| `device/[workerK/]DEV/memory_mb`          | MB     | in use at the epoch's end (TF)  |
+| `device/[workerK/]DEV/peak_memory_mb`     | MB     | peak, reset at each epoch (TF)  |
+| `device/[workerK/]DEV/utilization_pct`    | %      | mean (NVML)                     |
+| `device/[workerK/]DEV/power_w`            | W      | mean (NVML)                     |
+| `device/[workerK/]DEV/temperature_c`      | °C     | highest (NVML)                  |
+| `host/[workerK/]memory_mb`                | MB     | process RSS at the epoch's end  |
+| `host/[workerK/]cpu_pct`                  | %      | process CPU, 100 = one core     |
+| `host/[workerK/]tf_memory_mb`             | MB     | TF host allocator, at the end   |
+| `host/[workerK/]tf_peak_memory_mb`        | MB     | its peak, reset at each epoch   |
+
+A key is present when its value is known at the first epoch (no `device/`
+keys without GPUs, no NVML keys without `nvidia-ml-py`), and then for the
+whole run, so CSV headers stay valid. Keras's progress bar shows only the
+first four aggregate keys (see `progbar`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from keras_mgpu_plugins import collective
+from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
+from keras_mgpu_plugins.samplers import records as rec
+from keras_mgpu_plugins.samplers.report import plot_run, summary_table
+from keras_mgpu_plugins.samplers.sinks import CSVSink, TensorBoardSink
+
+logger = logging.getLogger("keras_mgpu_plugins")
+_warned: set[str] = set()
+PLOT_POINTS = 256
+
+
+class DeviceMetricsLogger(keras.callbacks.Callback):
+    """Logs per-device memory, utilisation, power and temperature, and throughput.
+
+    At each epoch's end it adds the keys of the module's table to `logs`
+    (CSVLogger, TensorBoard and W&B callbacks listed *after* it record them)
+    and publishes them on the `"device_metrics"` event topic. Under several
+    workers every worker sends a fixed-length vector through
+    `collective.all_gather` at the same step, so the chief's record covers
+    every device of every worker. Only the chief writes files and prints.
+
+    Readings of NVML and the host are taken by a background thread every
+    `sample_interval` seconds; the only per-batch work is one clock read into
+    a preallocated array, in `on_train_batch_begin` (which leaves Keras's
+    asynchronous batch-end dispatch alone). Step times are the intervals
+    between consecutive batch starts, so the first interval of each `fit`
+    (tracing the train function) and each epoch's last batch (followed by
+    validation and epoch-end callbacks, not by a batch) are left out.
+
+    Args:
+        batch_size: Global batch size (what `fit` receives); enables the
+            samples-per-second keys. Without it only batches per second.
+        log_every_n_batches: Also take a record every N batches, written to
+            `log_dir` / `csv_path` and published with its batch number.
+        log_dir: Directory for TensorBoard scalars of every record (chief).
+        csv_path: CSV file with one row per record (chief).
+        plot: PNG path: memory and utilisation of every device over the run,
+            written by the chief at the end of training (needs matplotlib).
+        summary: Print a per-device table at the end of training (chief).
+        sample_interval: Seconds between background readings, or `None` to
+            read only when a record is taken.
+        progbar: `"summary"`: Keras's progress bar shows only the aggregate
+            keys (every other callback sees all keys); `"all"`: it shows all.
+        sampler: Source of device readings (default: `GPUSampler()`, the real
+            TensorFlow/NVML one). Any `DeviceSampler`, e.g. a `ScriptedSampler`.
+
+    Raises:
+        ValueError: If an argument is out of range.
+        TypeError: If `sampler` is not a `DeviceSampler`.
+        ImportError: If `plot` is given and matplotlib is not installed.
+
+    Example:
+        >>> model.fit(x, y, batch_size=256, epochs=20, callbacks=[
+        ...     kmp.callbacks.DeviceMetricsLogger(batch_size=256, plot="devices.png"),
+        ...     keras.callbacks.CSVLogger("history.csv"),
+        ... ])
+    """
+
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        log_every_n_batches: int | None = None,
+        log_dir: str | None = None,
+        csv_path: str | None = None,
+        plot: str | None = None,
+        summary: bool = True,
+        sample_interval: float | None = 1.0,
+        progbar: str = "summary",
+        sampler: DeviceSampler | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("log_every_n_batches", log_every_n_batches)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None. Received: {name}={value!r}")
+        if sample_interval is not None and not (
+            isinstance(sample_interval, (int, float)) and sample_interval > 0
+        ):
+            raise ValueError(
+                "sample_interval must be a positive number of seconds or None. "
+                f"Received: sample_interval={sample_interval!r}"
+            )
+        if progbar not in ("summary", "all"):
+            raise ValueError(f'progbar must be "summary" or "all". Received: progbar={progbar!r}')
+        if sampler is not None and not isinstance(sampler, DeviceSampler):
+            raise TypeError(
+                "sampler must implement devices(), sample() and reset_peaks(). "
+                f"Received: sampler={sampler!r}"
+            )
+        if plot is not None and importlib.util.find_spec("matplotlib") is None:
+            raise ImportError(
+                "DeviceMetricsLogger(plot=...) needs matplotlib: "
+                "pip install 'keras_mgpu_plugins[plot]'. Received: plot={plot!r}"
+            )
+        self.batch_size = batch_size
+        self.log_every_n_batches = log_every_n_batches
+        self.log_dir, self.csv_path, self.plot = log_dir, csv_path, plot
+        self.summary = summary
+        self.sample_interval = sample_interval
+        self.progbar = progbar
+        self.sampler = sampler
+        self.records: list[list[rec.WorkerRecord]] = []  # one per epoch, every worker
+        self._timer = rec.StepTimer()
+        self._thread: SamplerThread | None = None
+
+    # --- Keras hooks --------------------------------------------------------------
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._open_run()
+        self._timer.start_run(skip_first=1)
+        self._steps_before_epoch = 0
+        self._t0 = time.perf_counter()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch, self._last_record = epoch, 0
+        self._intervals: list[tuple[np.ndarray, np.ndarray]] = []
+        self._readings: list[np.ndarray] = []
+        self._timer.start_epoch()
+        self._device.reset_peaks()
+        self._host.reset_peaks()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._timer.mark(batch)
+        if self.log_every_n_batches and batch - self._last_record >= self.log_every_n_batches:
+            self._last_record = batch
+            self._record("batch", batch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        workers, metrics = self._record("epoch", None)
+        self.records.append(workers)
+        self._epoch_ends.append(time.perf_counter() - self._t0)
+        self._steps_before_epoch += self._batches_done(None)
+        if logs is not None:
+            logs.update(metrics)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        try:
+            series = self._gather_series() if self.plot else None
+            if self._chief:
+                self._finish(series)
+        finally:
+            self._close_run()
+
+    # --- records ------------------------------------------------------------------
+
+    def _record(self, kind: str, batch: int | None) -> tuple[list, dict]:
+        seconds, batches = self._timer.take()
+        self._intervals.append((seconds, batches))
+        self._run_intervals.append((seconds, batches))
+        self._thread.sample_now()
+        self._readings.append(self._thread.drain())
+        if kind == "epoch":
+            seconds, batches = self._epoch_intervals()
+            readings = np.concatenate([r for r in self._readings if r.size])
+        else:
+            readings = self._readings[-1]
+        vector = rec.worker_vector(
+            rec.step_stats(seconds, batches), rec.reduce_window(readings, len(self._names)),
+            self._max_devices,
+        )
+        workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
+        metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas))
+        self._write(kind, batch, metrics)
+        events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
+        return workers, metrics
+
+    def _epoch_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        return _concat(self._intervals)
+
+    def _write(self, kind: str, batch: int | None, metrics: dict[str, float]) -> None:
+        if not self._chief:
+            return
+        done = self._batches_done(batch)
+        if self._csv is not None:
+            self._csv.write(time.perf_counter() - self._t0, self._epoch, done, kind, metrics)
+        if self._tb is not None:
+            self._tb.write(self._steps_before_epoch + done, metrics)
+
+    def _batches_done(self, batch: int | None) -> int:
+        """Batches done in this epoch: `batch` at a batch start, else all started ones."""
+        if batch is not None:
+            return batch
+        last = self._timer.last_step
+        if last is None:
+            return 0
+        steps = (self.params or {}).get("steps")
+        end = last + int(getattr(self.model, "steps_per_execution", 1) or 1)
+        return min(end, steps) if steps else end
+
+    # --- run set-up and end -------------------------------------------------------
+
+    def _open_run(self) -> None:
+        if self._thread is not None:
+            self._thread.stop()  # a previous fit that raised
+        self._strategy = self.model.distribute_strategy
+        self._replicas = int(self._strategy.num_replicas_in_sync)
+        self._chief = collective.is_chief()
+        self._device = self.sampler if self.sampler is not None else GPUSampler()
+        self._host = HostSampler()
+        self._names = list(self._device.devices())
+        counts = collective.all_gather(np.array([len(self._names)]), self._strategy)[:, 0]
+        self._max_devices = int(counts.max())
+        self._all_names = rec.remote_device_names(self._names, [int(c) for c in counts])
+        self._schema = rec.KeySchema()
+        self._epoch_ends: list[float] = []
+        self._run_intervals: list[tuple[np.ndarray, np.ndarray]] = []
+        self.records = []
+        self._csv = CSVSink(self.csv_path) if self._chief and self.csv_path else None
+        self._tb = TensorBoardSink(self.log_dir) if self._chief and self.log_dir else None
+        self._thread = SamplerThread(self._read, self.sample_interval)
+        self._thread.start()
+        self._warn_once_about_gpus()
+        self._restore_history = (
+            _hide_from_progbar(self.model, self) if self.progbar == "summary" else None
+        )
+
+    def _read(self) -> np.ndarray:
+        return rec.reading_vector(self._host.sample(), self._device.sample(), self._names)
+
+    def _gather_series(self) -> np.ndarray:
+        times, values = self._thread.series()
+        duration = max(time.perf_counter() - self._t0, 1e-9)
+        grid = np.linspace(0.0, duration, PLOT_POINTS)
+        local = rec.resample(times - self._t0, values, grid) if len(times) else np.full((PLOT_POINTS, 0), np.nan)
+        width = len(rec.HOST_FIELDS) + self._max_devices * len(rec.DEVICE_FIELDS)
+        padded = np.full((PLOT_POINTS, width), np.nan)
+        padded[:, : local.shape[1]] = local
+        gathered = collective.all_gather(padded, self._strategy)
+        return np.concatenate([grid[None, :, None].repeat(len(gathered), 0), gathered], axis=2)
+
+    def _finish(self, series: np.ndarray | None) -> None:
+        if series is not None:
+            plot_run(self.plot, series[0, :, 0], series[:, :, 1:], self._all_names, self._epoch_ends)
+        if self.summary:
+            seconds, batches = _concat(self._run_intervals)
+            print(summary_table(self.records, rec.step_stats(seconds, batches),
+                                int(batches.sum()), self.batch_size, self._replicas))
+
+    def _close_run(self) -> None:
+        self._thread.stop()
+        for sink in (self._csv, self._tb):
+            if sink is not None:
+                sink.close()
+        close = getattr(self._device, "close", None)
+        if self.sampler is None and close is not None:
+            close()
+        if self._restore_history is not None:
+            self._restore_history()
+
+    def _warn_once_about_gpus(self) -> None:
+        if not self._chief:
+            return
+        if not self._names:
+            message = "DeviceMetricsLogger: no GPU found; GPU metrics unavailable, reporting host metrics only."
+        elif getattr(self._device, "nvml_error", None):
+            message = (f"DeviceMetricsLogger: GPU utilisation, power and temperature unavailable: "
+                       f"{self._device.nvml_error}.")
+        else:
+            return
+        if message not in _warned:
+            _warned.add(message)
+            logger.warning(message)
+
+
+def _concat(intervals: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not intervals:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    return np.concatenate([s for s, _ in intervals]), np.concatenate([b for _, b in intervals])
+
+
+def _hide_from_progbar(model: Any, owner: DeviceMetricsLogger) -> Any:
+    """Removes the non-aggregate keys from `logs` once `History` has recorded them.
+
+    Keras appends its `History` and then its `ProgbarLogger` after the user's
+    callbacks, so every user callback and `History` see all keys, and the
+    progress bar, which runs last, sees only `records.PROGBAR_KEYS`.
+    """
+    history = getattr(model, "history", None)
+    if not isinstance(history, keras.callbacks.History):
+        return None
+    original = history.on_epoch_end
+
+    def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
+        original(epoch, logs)
+        for key in owner._schema.keys or ():
+            if logs is not None and key not in rec.PROGBAR_KEYS:
+                logs.pop(key, None)
+
+    history.on_epoch_end = on_epoch_end
+    return lambda: history.__dict__.pop("on_epoch_end", None)

@@ -1,0 +1,81 @@
+"""Where batch-level device metrics go on the chief: a CSV file and TensorBoard."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+#: Columns written before the metric keys in the CSV file.
+CSV_PREFIX = ("time_s", "epoch", "batch", "kind")
+
+
+class CSVSink:
+    """Writes one row per record; the header is fixed by the first record.
+
+    Args:
+        path: The file, overwritten at the first row of a run.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = os.fspath(path)
+        self._file: Any = None
+        self._writer: Any = None
+        self._keys: list[str] = []
+
+    def write(self, time_s: float, epoch: int, batch: int, kind: str, metrics: Mapping[str, float]) -> None:
+        if self._file is None:
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            self._file = open(self.path, "w", newline="", encoding="utf-8")  # noqa: SIM115
+            self._writer = csv.writer(self._file)
+            self._keys = list(metrics)
+            self._writer.writerow([*CSV_PREFIX, *self._keys])
+        values = [metrics.get(k, math.nan) for k in self._keys]
+        self._writer.writerow([f"{time_s:.3f}", epoch, batch, kind, *(_fmt(v) for v in values)])
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _fmt(value: float) -> str:
+    return "" if math.isnan(value) else repr(float(value))
+
+
+class TensorBoardSink:
+    """Writes each record as TensorBoard scalars at the global step.
+
+    Uses `tf.summary.write` with the scalar plugin's metadata, so it needs
+    TensorFlow only (not the `tensorboard` package) to write.
+
+    Args:
+        log_dir: Directory of the event file.
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        self._tf = tf
+        self._writer = tf.summary.create_file_writer(os.fspath(log_dir))
+        self._metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR,
+        )
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        tf = self._tf
+        with self._writer.as_default():
+            for key, value in metrics.items():
+                if not math.isnan(value):
+                    tf.summary.write(key, tf.constant(value, tf.float32), step=step, metadata=self._metadata)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

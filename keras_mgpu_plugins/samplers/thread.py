@@ -1,0 +1,100 @@
+"""Sampling off the training thread, at a fixed interval."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+logger = logging.getLogger("keras_mgpu_plugins")
+
+
+class SamplerThread:
+    """Calls `read()` every `interval` seconds on a daemon thread.
+
+    Each reading (a 1-D float array) joins the current window, which the
+    training thread takes with `drain()`, and the run's series (for plots),
+    which is thinned (every other point dropped, then every second reading
+    kept, and so on) when it exceeds `max_points`, so memory stays bounded on
+    long runs. `sample_now()` reads synchronously, e.g. at an epoch's end. A
+    `read()` that raises is reported once and the thread stops; training goes on.
+
+    Args:
+        read: Returns one reading.
+        interval: Seconds between readings, or `None` for no thread
+            (`sample_now()` only).
+        clock: Monotonic clock, in seconds.
+        max_points: Most points kept in the run's series.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], np.ndarray],
+        interval: float | None,
+        clock: Callable[[], float] = time.perf_counter,
+        max_points: int = 4096,
+    ) -> None:
+        self._read = read
+        self._interval = interval
+        self._clock = clock
+        self._max_points = max_points
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._window: list[np.ndarray] = []
+        self._times: list[float] = []
+        self._series: list[np.ndarray] = []
+        self._stride = 1
+        self._count = 0
+
+    def start(self) -> None:
+        if self._interval is None or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kmp-device-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * (self._interval or 0)))
+            self._thread = None
+
+    def sample_now(self) -> np.ndarray:
+        """Reads now, on the calling thread; the reading joins window and series."""
+        value = np.asarray(self._read(), dtype=np.float64)
+        now = self._clock()
+        with self._lock:
+            self._window.append(value)
+            self._count += 1
+            if self._count % self._stride == 0:
+                self._times.append(now)
+                self._series.append(value)
+                if len(self._series) > self._max_points:
+                    self._times, self._series = self._times[::2], self._series[::2]
+                    self._stride *= 2
+        return value
+
+    def drain(self) -> np.ndarray:
+        """The readings since the last drain, as a `(readings, fields)` array."""
+        with self._lock:
+            window, self._window = self._window, []
+        return np.stack(window) if window else np.empty((0, 0))
+
+    def series(self) -> tuple[np.ndarray, np.ndarray]:
+        """The run's readings: times `(points,)` and values `(points, fields)`."""
+        with self._lock:
+            if not self._series:
+                return np.empty(0), np.empty((0, 0))
+            return np.asarray(self._times), np.stack(self._series)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.sample_now()
+            except Exception as err:  # noqa: BLE001 - a sampler must never stop training
+                logger.warning("Device sampling stopped: %s: %s", type(err).__name__, err)
+                return

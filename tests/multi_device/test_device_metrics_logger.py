@@ -1,0 +1,267 @@
+"""DeviceMetricsLogger in real `fit`s: one device, 2 logical devices, scripted GPUs.
+
+The machine has no GPU: the real samplers report the host (and no GPU keys),
+and GPUs are stood in for by a `ScriptedSampler` behind the sampler interface.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import logging
+
+import keras
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import device_metrics_logger as dml
+from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+from keras_mgpu_plugins.samplers import ScriptedSampler
+
+BATCH = 16
+STEPS = 4  # per epoch
+RUN_KEYS = {
+    "step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "throughput/steps_per_sec",
+    "throughput/samples_per_sec", "throughput/samples_per_sec_per_replica",
+}
+HOST_KEYS = {"host/memory_mb", "host/cpu_pct", "host/tf_memory_mb", "host/tf_peak_memory_mb"}
+
+
+def tiny_model():
+    model = keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(8, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(1)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2)),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH * STEPS, 6)).astype("float32")
+    return x, (x @ rng.normal(size=(6, 1))).astype("float32")
+
+
+def fit(callbacks, model=None, epochs=2, verbose=0, **kwargs):
+    x, y = data()
+    model = model or tiny_model()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=verbose,
+                        callbacks=callbacks, **kwargs)
+    return history.history
+
+
+def two_gpus(memory, util):
+    """One reading per entry: GPU:1 reads GPU:0's numbers + 1000 MB, + 1 %."""
+    return ScriptedSampler([
+        {"GPU:0": {"memory_mb": m, "utilization_pct": u, "power_w": 100.0 + u, "temperature_c": 50.0 + u},
+         "GPU:1": {"memory_mb": m + 1000, "utilization_pct": u + 1, "power_w": 101.0 + u,
+                   "temperature_c": 51.0 + u}}
+        for m, u in zip(memory, util, strict=True)
+    ])
+
+
+def test_one_device_without_gpu_reports_host_and_run_and_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(dml, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        history = fit([DeviceMetricsLogger(batch_size=BATCH, summary=False)])
+        fit([DeviceMetricsLogger(batch_size=BATCH, summary=False)], epochs=1)
+    assert set(history) == {"loss"} | RUN_KEYS | HOST_KEYS  # no device/ key without a GPU
+    assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()] == [
+        "DeviceMetricsLogger: no GPU found; GPU metrics unavailable, reporting host metrics only."
+    ]
+    rss = psutil.Process().memory_info().rss / 2**20
+    assert history["host/memory_mb"][-1] == pytest.approx(rss, rel=0.25)
+    assert all(v >= 0 for v in history["host/cpu_pct"] + history["host/tf_memory_mb"])
+    for e in range(2):
+        assert 0 < history["step_time/p50_ms"][e] <= history["step_time/p95_ms"][e]
+        per_sec = history["throughput/steps_per_sec"][e]
+        assert history["step_time/mean_ms"][e] == pytest.approx(1000 / per_sec)
+        assert history["throughput/samples_per_sec"][e] == pytest.approx(BATCH * per_sec)
+        assert history["throughput/samples_per_sec_per_replica"][e] == pytest.approx(BATCH * per_sec)
+
+
+def test_two_logical_devices_divide_throughput_per_replica():
+    model = kmp.parallelize(strategy="mirrored")(tiny_model)()
+    assert model.distribute_strategy.num_replicas_in_sync == 2
+    logger = DeviceMetricsLogger(batch_size=BATCH, summary=False)
+    history = fit([logger], model=model)
+    assert set(history) == {"loss"} | RUN_KEYS | HOST_KEYS  # logical CPUs share the host
+    for e in range(2):
+        total = history["throughput/samples_per_sec"][e]
+        assert history["throughput/samples_per_sec_per_replica"][e] == pytest.approx(total / 2)
+    assert len(logger.records) == 2 and logger.records[0][0].devices == {}
+
+
+def test_scripted_gpus_give_per_device_keys_and_peak_restarts_each_epoch():
+    # one reading at the batch-2 record and one at each epoch's end
+    sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
+    logger = DeviceMetricsLogger(log_every_n_batches=2, sample_interval=None, sampler=sampler, summary=False)
+    history = fit([logger])
+    assert (sampler.calls, sampler.resets) == (4, 2)
+    assert history["device/GPU:0/memory_mb"] == [100.0, 120.0]  # at the epoch's end
+    assert history["device/GPU:0/peak_memory_mb"] == [300.0, 150.0]  # not 300 again: reset
+    assert history["device/GPU:1/peak_memory_mb"] == [1300.0, 1150.0]
+    assert history["device/GPU:0/utilization_pct"] == [50.0, 20.0]  # mean over the epoch
+    assert history["device/GPU:1/power_w"] == [151.0, 121.0]
+    assert history["device/GPU:0/temperature_c"] == [110.0, 80.0]  # highest
+    assert history["device/peak_memory_mb_max"] == [1300.0, 1150.0]
+    assert history["device/utilization_pct_mean"] == [50.5, 20.5]
+    assert not any("worker" in k for k in history)
+
+
+def test_step_times_match_numpy_on_a_scripted_clock():
+    starts = [0.0, 1.0, 1.010, 1.030, 5.0, 5.020, 5.025, 5.065]  # 2 epochs x 4 batch starts
+    logger = DeviceMetricsLogger(batch_size=BATCH, sample_interval=None, summary=False)
+    logger._timer.clock = iter(starts).__next__
+    history = fit([logger])
+    epochs = [np.array([0.010, 0.020]), np.array([0.020, 0.005, 0.040])]  # 1st interval: tracing
+    for e, seconds in enumerate(epochs):
+        assert history["step_time/mean_ms"][e] == pytest.approx(1000 * seconds.mean())
+        assert history["step_time/p50_ms"][e] == pytest.approx(1000 * np.percentile(seconds, 50))
+        assert history["step_time/p95_ms"][e] == pytest.approx(1000 * np.percentile(seconds, 95))
+        assert history["throughput/samples_per_sec"][e] == pytest.approx(BATCH * len(seconds) / seconds.sum())
+
+
+def test_csv_file_has_a_row_per_record(tmp_path):
+    path = tmp_path / "metrics.csv"
+    sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
+    logger = DeviceMetricsLogger(log_every_n_batches=2, csv_path=str(path), sample_interval=None,
+                                 sampler=sampler, summary=False)
+    history = fit([logger])
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["epoch"], r["batch"], r["kind"]) for r in rows] == [
+        ("0", "2", "batch"), ("0", "4", "epoch"), ("1", "2", "batch"), ("1", "4", "epoch"),
+    ]
+    assert [float(r["device/GPU:0/memory_mb"]) for r in rows] == [300.0, 100.0, 150.0, 120.0]
+    epoch_rows = [r for r in rows if r["kind"] == "epoch"]
+    for key in ("device/GPU:1/peak_memory_mb", "host/memory_mb", "step_time/p95_ms"):
+        assert [float(r[key]) for r in epoch_rows] == history[key]  # exactly what logs hold
+    first = rows[0]  # after batches 0 and 1: one interval (batch 0's, tracing, is not timed)
+    assert float(first["step_time/mean_ms"]) == float(first["step_time/p50_ms"]) == float(first["step_time/p95_ms"])
+    assert all(float(r["time_s"]) >= 0 for r in rows)
+
+
+def read_events(log_dir):
+    from tensorflow.core.util import event_pb2
+
+    values = {}
+    for path in glob.glob(f"{log_dir}/events.out.tfevents.*"):
+        for raw in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(raw.numpy())
+            for value in event.summary.value:
+                values.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    return values
+
+
+def test_tensorboard_event_file_holds_each_record_at_its_global_step(tmp_path):
+    sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
+    logger = DeviceMetricsLogger(log_every_n_batches=2, log_dir=str(tmp_path / "tb"), sample_interval=None,
+                                 sampler=sampler, summary=False)
+    history = fit([logger])
+    values = read_events(tmp_path / "tb")
+    assert values["device/GPU:0/memory_mb"] == [(2, 300.0), (4, 100.0), (6, 150.0), (8, 120.0)]
+    assert [v for _, v in values["host/memory_mb"]][1::2] == pytest.approx(history["host/memory_mb"])
+
+
+def test_summary_table_is_printed_at_the_end(capsys):
+    sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
+    fit([DeviceMetricsLogger(batch_size=BATCH, log_every_n_batches=2, sample_interval=None, sampler=sampler)])
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Device metrics over 2 epoch(s)"))
+    assert "samples/s" in lines[start] and "per replica" in lines[start]
+    # memory at the end, highest peak, mean utilisation / power, highest temperature
+    assert lines[start + 2].split() == ["0", "GPU:0", "120.0", "300.0", "35.0", "135.0", "110.0"]
+    assert lines[start + 3].split() == ["0", "GPU:1", "1120.0", "1300.0", "36.0", "136.0", "111.0"]
+    assert lines[start + 5].split()[:2] == ["0", "host"]
+    fit([DeviceMetricsLogger(summary=False, sampler=two_gpus([1.0], [1.0]))], epochs=1)
+    assert "Device metrics over" not in capsys.readouterr().out
+
+
+def test_plot_is_a_non_trivial_png(tmp_path):
+    import matplotlib.image
+
+    path = tmp_path / "plots" / "devices.png"
+    readings = [100.0 + 10 * i for i in range(40)]
+    sampler = two_gpus(memory=readings, util=[(7 * i) % 100 for i in range(40)])
+    fit([DeviceMetricsLogger(plot=str(path), sample_interval=0.02, sampler=sampler, summary=False)], epochs=2)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] >= 500 and image.shape[1] >= 900
+    colors = np.unique((image[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colors) > 50  # lines, text, legend: not a blank canvas
+
+
+def test_progbar_shows_only_aggregates_while_later_callbacks_get_every_key(tmp_path, capsys):
+    readings = [{f"GPU:{i}": {"memory_mb": 100.0 * i, "utilization_pct": 50.0} for i in range(8)}]
+    logger = DeviceMetricsLogger(batch_size=BATCH, sample_interval=None, sampler=ScriptedSampler(readings),
+                                 summary=False)
+    csv_path = tmp_path / "history.csv"
+    history = fit([logger, keras.callbacks.CSVLogger(str(csv_path))], verbose=2)
+    out = capsys.readouterr().out
+    epoch_lines = [line for line in out.splitlines() if "loss:" in line]
+    assert len(epoch_lines) == 2
+    for line in epoch_lines:
+        assert "step_time/mean_ms" in line and "throughput/samples_per_sec:" in line
+        assert "device/peak_memory_mb_max: 700.0000" in line
+        assert "device/GPU:" not in line and "host/" not in line
+    with open(csv_path, newline="") as f:
+        header = next(csv.reader(f))
+    assert "device/GPU:7/memory_mb" in header and "host/memory_mb" in header
+    assert history["device/GPU:7/memory_mb"] == [700.0, 700.0]
+    # with progbar="all", the progress bar shows them too
+    fit([DeviceMetricsLogger(progbar="all", sample_interval=None, sampler=ScriptedSampler(readings),
+                             summary=False)], epochs=1, verbose=2)
+    assert "device/GPU:7/memory_mb: 700.0000" in capsys.readouterr().out
+
+
+def test_events_carry_every_record():
+    model = tiny_model()
+    payloads = []
+    events.subscribe(model, "device_metrics", payloads.append)
+    sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
+    history = fit([DeviceMetricsLogger(log_every_n_batches=2, sample_interval=None, sampler=sampler,
+                                       summary=False)], model=model)
+    assert [(p["epoch"], p["batch"]) for p in payloads] == [(0, 2), (0, None), (1, 2), (1, None)]
+    assert [p["metrics"]["device/GPU:0/memory_mb"] for p in payloads] == [300.0, 100.0, 150.0, 120.0]
+    for p, e in zip(payloads[1::2], range(2), strict=True):
+        assert p["metrics"] == {k: history[k][e] for k in p["metrics"]}
+
+
+def test_batch_end_hooks_stay_default_so_keras_may_dispatch_them_async():
+    base = keras.callbacks.Callback
+    for hook in ("on_batch_end", "on_train_batch_end", "on_test_batch_end", "on_predict_batch_end"):
+        assert getattr(DeviceMetricsLogger, hook) is getattr(base, hook), hook
+
+
+def test_the_same_logger_serves_two_fits_and_restores_history():
+    logger = DeviceMetricsLogger(sample_interval=0.01, sampler=two_gpus([1.0], [1.0]), summary=False)
+    model = tiny_model()
+    fit([logger], model=model, epochs=2)
+    assert "on_epoch_end" not in vars(model.history)  # Keras's History is left as found
+    history = fit([logger], model=model, epochs=1)
+    assert len(logger.records) == 1 and history["device/GPU:1/memory_mb"] == [1001.0]
+    assert not logger._thread._thread  # the sampler thread stopped
+
+
+def test_tensorflow_memory_info_on_cpu_is_one_shared_host_allocator():
+    """Why logical CPU devices get no per-device memory keys (reported once, as host/tf_*)."""
+    from keras_mgpu_plugins.samplers import HostSampler
+
+    sampler = HostSampler()
+    try:
+        cpu0 = tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError:  # TensorFlow versions that support GPU and TPU only
+        assert np.isnan(sampler.sample()["tf_memory_mb"])
+        return
+    assert tf.config.experimental.get_memory_info("CPU:1") == cpu0  # the same allocator
+    before = sampler.sample()["tf_memory_mb"]
+    with tf.device("CPU:1"):
+        held = tf.ones((1024, 1024))  # 4 MB
+    assert sampler.sample()["tf_memory_mb"] - before == pytest.approx(4.0, abs=0.5)
+    del held

@@ -1,0 +1,118 @@
+"""DeviceMetricsLogger with 2 real workers: the chief's record covers both; only it writes.
+
+Each worker stands in 2 GPUs with a `ScriptedSampler` whose numbers say which
+worker read them (worker w reads 100 * (w + 1) + k MB at its k-th reading).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
+
+GLOBAL_BATCH = 16
+STEPS = 4
+
+
+def build_model():
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((5,)),
+        keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4)),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def memory(rank, k):
+    return 100.0 * (rank + 1) + k
+
+
+def train_with_metrics(root):
+    import contextlib
+    import io
+
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+    from keras_mgpu_plugins.samplers import ScriptedSampler
+
+    rank = kmp.topology().worker_index
+    sampler = ScriptedSampler([
+        {"GPU:0": {"memory_mb": memory(rank, k), "utilization_pct": 10.0 * (rank + 1)},
+         "GPU:1": {"memory_mb": memory(rank, k) + 1000, "utilization_pct": 10.0 * (rank + 1) + 5}}
+        for k in range(4)
+    ])
+    out = os.path.join(root, f"worker{rank}")  # each worker is told its own place
+    logger = DeviceMetricsLogger(
+        batch_size=GLOBAL_BATCH, log_every_n_batches=2, csv_path=os.path.join(out, "metrics.csv"),
+        log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png"),
+        sample_interval=None, sampler=sampler,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(GLOBAL_BATCH * STEPS, 5)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = kmp.parallelize(build_model)()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[logger])
+    files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
+    return {"rank": rank, "history": history.history, "printed": printed.getvalue(), "files": files,
+            "replicas": model.distribute_strategy.num_replicas_in_sync}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("device_metrics")
+    return root, kmp.launch(train_with_metrics, num_workers=2, args=(str(root),), timeout=200)
+
+
+def test_chief_logs_hold_every_workers_devices_with_their_own_numbers(run):
+    _, (chief, other) = run
+    assert (chief["rank"], other["rank"], chief["replicas"]) == (0, 1, 2)
+    history = chief["history"]
+    for rank in (0, 1):
+        # readings 1 and 3 are taken at the epochs' ends, 0 and 2 at batch 2
+        assert history[f"device/worker{rank}/GPU:0/memory_mb"] == [memory(rank, 1), memory(rank, 3)]
+        assert history[f"device/worker{rank}/GPU:1/peak_memory_mb"] == [
+            memory(rank, 1) + 1000, memory(rank, 3) + 1000]
+        assert history[f"device/worker{rank}/GPU:1/utilization_pct"] == [10.0 * (rank + 1) + 5] * 2
+        assert all(v > 0 for v in history[f"host/worker{rank}/memory_mb"])
+    assert not any(k.startswith(("device/GPU", "host/memory")) for k in history)  # scoped keys only
+    assert history["device/peak_memory_mb_max"] == [memory(1, 1) + 1000, memory(1, 3) + 1000]
+    samples = history["throughput/samples_per_sec"]
+    assert history["throughput/samples_per_sec_per_replica"] == pytest.approx([s / 2 for s in samples])
+
+
+def test_every_worker_holds_the_same_gathered_record(run):
+    _, (chief, other) = run
+    assert set(chief["history"]) == set(other["history"])
+    for key, values in chief["history"].items():
+        if key.startswith(("device/", "step_time/", "throughput/", "host/")):
+            assert other["history"][key] == values, key
+
+
+def test_only_the_chief_writes_files_and_prints(run):
+    root, (chief, other) = run
+    assert chief["files"][0] == "devices.png" and chief["files"][1] == "metrics.csv"
+    assert [f for f in chief["files"] if f.startswith("tb/events.out.tfevents.")]
+    assert other["files"] == [] and not (root / "worker1").exists()
+    with open(root / "worker0" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["epoch"], r["batch"], r["kind"]) for r in rows] == [
+        ("0", "2", "batch"), ("0", "4", "epoch"), ("1", "2", "batch"), ("1", "4", "epoch")]
+    assert [float(r["device/worker1/GPU:0/memory_mb"]) for r in rows] == [memory(1, k) for k in range(4)]
+    assert (root / "worker0" / "devices.png").stat().st_size > 20_000
+    lines = chief["printed"].splitlines()
+    assert lines[0].startswith("Device metrics over 2 epoch(s)")
+    assert [line.split()[:2] for line in lines[2:6]] == [
+        ["0", "GPU:0"], ["0", "GPU:1"], ["1", "GPU:0"], ["1", "GPU:1"]]
+    assert lines[3].split()[2:4] == [str(memory(0, 3) + 1000), str(memory(0, 3) + 1000)]
+    assert other["printed"] == ""

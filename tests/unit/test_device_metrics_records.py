@@ -1,0 +1,350 @@
+"""Pure logic of DeviceMetricsLogger, tested with numbers (no training)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from keras_mgpu_plugins.samplers import (
+    DEVICE_FIELDS,
+    HOST_FIELDS,
+    DeviceSampler,
+    GPUSampler,
+    HostSampler,
+    SamplerThread,
+    ScriptedSampler,
+)
+from keras_mgpu_plugins.samplers import records as rec
+from keras_mgpu_plugins.samplers.gpu import nvml_targets
+from keras_mgpu_plugins.samplers.report import summary_table
+from keras_mgpu_plugins.samplers.sinks import CSVSink
+
+NAN = math.nan
+
+
+# --- step times --------------------------------------------------------------------
+
+
+def test_step_stats_match_numpy_on_scripted_step_times():
+    rng = np.random.default_rng(3)
+    seconds = rng.gamma(4.0, 0.005, size=101)
+    mean_ms, p50_ms, p95_ms, per_sec = rec.step_stats(seconds)
+    assert mean_ms == pytest.approx(1000 * np.mean(seconds), rel=1e-12)
+    assert p50_ms == pytest.approx(1000 * np.percentile(seconds, 50), rel=1e-12)
+    assert p95_ms == pytest.approx(1000 * np.percentile(seconds, 95), rel=1e-12)
+    assert per_sec == pytest.approx(len(seconds) / seconds.sum(), rel=1e-12)
+
+
+def test_step_stats_with_steps_per_execution_count_batches():
+    seconds, batches = np.array([0.4, 0.2, 0.1]), np.array([4, 4, 2])
+    mean_ms, p50_ms, p95_ms, per_sec = rec.step_stats(seconds, batches)
+    per_batch = seconds / batches  # 0.1, 0.05, 0.05
+    assert mean_ms == pytest.approx(1000 * 0.7 / 10)
+    assert p50_ms == pytest.approx(1000 * np.percentile(per_batch, 50))
+    assert p95_ms == pytest.approx(1000 * np.percentile(per_batch, 95))
+    assert per_sec == pytest.approx(10 / 0.7)
+
+
+def test_step_stats_of_no_interval_are_nan():
+    assert np.isnan(rec.step_stats(np.empty(0))).all()
+
+
+def scripted_timer(times, capacity=4):
+    timer = rec.StepTimer(capacity=capacity, clock=iter(times).__next__)
+    return timer
+
+
+def test_step_timer_windows_share_no_interval_and_lose_none():
+    times = [0.0, 1.0, 1.5, 1.7, 2.7, 3.0, 3.1]  # 7 batch starts, capacity grows past 4
+    timer = scripted_timer(times)
+    timer.start_run(skip_first=1)
+    for step in range(3):
+        timer.mark(step)
+    first, _ = timer.take()  # window ends at batch 2's start; the first interval is dropped
+    np.testing.assert_allclose(first, [0.5])
+    for step in range(3, 7):
+        timer.mark(step)
+    second, batches = timer.take()
+    np.testing.assert_allclose(second, [0.2, 1.0, 0.3, 0.1])
+    np.testing.assert_array_equal(batches, [1, 1, 1, 1])
+    assert timer.last_step == 6
+
+
+def test_step_timer_new_epoch_starts_fresh_and_skips_only_once_per_run():
+    timer = scripted_timer([0.0, 2.0, 2.5, 10.0, 10.25, 10.75])
+    timer.start_run(skip_first=1)
+    for step in range(3):
+        timer.mark(step)
+    np.testing.assert_allclose(timer.take()[0], [0.5])
+    timer.start_epoch()  # the gap between epochs (validation) is not a step
+    for step in range(3):
+        timer.mark(step)
+    np.testing.assert_allclose(timer.take()[0], [0.25, 0.5])
+
+
+def test_step_timer_counts_batches_of_each_execution():
+    timer = scripted_timer([0.0, 1.0, 2.0, 2.5])
+    timer.start_run(skip_first=0)
+    for step in (0, 4, 8, 10):
+        timer.mark(step)
+    seconds, batches = timer.take()
+    np.testing.assert_array_equal(batches, [4, 4, 2])
+    np.testing.assert_allclose(seconds, [1.0, 1.0, 0.5])
+
+
+# --- readings, windows and worker vectors ---------------------------------------------
+
+
+def test_reduce_window_uses_last_max_mean_and_skips_nan():
+    names = ["GPU:0"]
+    host = [{"memory_mb": 10.0, "cpu_pct": 50.0}, {"memory_mb": 12.0, "cpu_pct": 150.0}]
+    devices = [
+        {"GPU:0": {"memory_mb": 100.0, "peak_memory_mb": 400.0, "utilization_pct": 20.0,
+                   "power_w": 100.0, "temperature_c": 70.0}},
+        {"GPU:0": {"memory_mb": 300.0, "peak_memory_mb": 350.0, "utilization_pct": NAN,
+                   "power_w": 300.0, "temperature_c": 60.0}},
+    ]
+    window = np.stack([rec.reading_vector(h, d, names) for h, d in zip(host, devices, strict=True)])
+    out = rec.reduce_window(window, 1)
+    host_out = dict(zip(HOST_FIELDS, out[: len(HOST_FIELDS)], strict=True))
+    device_out = dict(zip(DEVICE_FIELDS, out[len(HOST_FIELDS):], strict=True))
+    assert host_out["memory_mb"] == 12.0 and host_out["cpu_pct"] == 100.0
+    assert np.isnan(host_out["tf_memory_mb"])  # never read: stays missing
+    assert device_out == {"memory_mb": 300.0, "peak_memory_mb": 400.0, "utilization_pct": 20.0,
+                          "power_w": 200.0, "temperature_c": 70.0}
+
+
+def test_worker_vectors_round_trip_with_padding():
+    run = np.array([10.0, 9.0, 15.0, 100.0])
+    one = rec.reading_vector({"memory_mb": 1.0}, {"GPU:0": {"memory_mb": 5.0}}, ["GPU:0"])
+    two = rec.reading_vector({"memory_mb": 2.0}, {"GPU:0": {"memory_mb": 6.0}, "GPU:1": {"memory_mb": 7.0}},
+                             ["GPU:0", "GPU:1"])
+    matrix = np.stack([rec.worker_vector(run, one, 2), rec.worker_vector(run + 1, two, 2)])
+    names = rec.remote_device_names(["GPU:0", "GPU:1"], [1, 2])
+    assert names == [["GPU:0"], ["GPU:0", "GPU:1"]]
+    workers = rec.unpack(matrix, names)
+    assert workers[0].run["step_time/mean_ms"] == 10.0 and workers[1].run["step_time/mean_ms"] == 11.0
+    assert list(workers[0].devices) == ["GPU:0"] and workers[0].devices["GPU:0"]["memory_mb"] == 5.0
+    assert workers[1].devices["GPU:1"]["memory_mb"] == 7.0 and workers[1].host["memory_mb"] == 2.0
+
+
+def record(memory, util, host_mb=800.0, run=(20.0, 19.0, 30.0, 50.0)):
+    devices = {f"GPU:{i}": {"memory_mb": m, "peak_memory_mb": m + 1, "utilization_pct": u,
+                            "power_w": NAN, "temperature_c": NAN}
+               for i, (m, u) in enumerate(zip(memory, util, strict=True))}
+    host = {"memory_mb": host_mb, "cpu_pct": 90.0, "tf_memory_mb": NAN, "tf_peak_memory_mb": NAN}
+    return rec.WorkerRecord(run=dict(zip(rec.RUN_FIELDS, run, strict=True)), host=host, devices=devices)
+
+
+def test_flatten_single_worker_keys_are_short():
+    metrics = rec.flatten([record([100.0, 300.0], [40.0, 60.0])], batch_size=64, replicas=2)
+    assert metrics["device/GPU:1/memory_mb"] == 300.0
+    assert metrics["device/GPU:0/peak_memory_mb"] == 101.0
+    assert metrics["host/memory_mb"] == 800.0
+    assert metrics["device/peak_memory_mb_max"] == 301.0
+    assert metrics["device/utilization_pct_mean"] == 50.0
+    assert metrics["throughput/samples_per_sec"] == 64 * 50.0
+    assert metrics["throughput/samples_per_sec_per_replica"] == 64 * 50.0 / 2
+    assert not any("worker" in k for k in metrics)
+
+
+def test_flatten_several_workers_scopes_devices_and_hosts_and_takes_chief_run():
+    workers = [record([100.0], [10.0], 700.0), record([200.0], [30.0], 900.0, run=(1, 1, 1, 1))]
+    metrics = rec.flatten(workers)
+    assert metrics["device/worker0/GPU:0/memory_mb"] == 100.0
+    assert metrics["device/worker1/GPU:0/memory_mb"] == 200.0
+    assert metrics["host/worker1/memory_mb"] == 900.0
+    assert metrics["step_time/mean_ms"] == 20.0  # the chief's
+    assert metrics["device/utilization_pct_mean"] == 20.0
+    assert "throughput/samples_per_sec" not in metrics  # no batch size given
+    assert "device/GPU:0/memory_mb" not in metrics
+
+
+def test_key_schema_is_frozen_at_the_first_record():
+    schema = rec.KeySchema()
+    first = schema.apply({"a": 1.0, "b": NAN, "c": 3.0})
+    assert first == {"a": 1.0, "c": 3.0}
+    later = schema.apply({"a": 2.0, "b": 5.0, "d": 1.0})
+    assert list(later) == ["a", "c"] and later["a"] == 2.0 and np.isnan(later["c"])
+
+
+def test_progbar_keys_are_the_aggregates():
+    metrics = rec.flatten([record([1.0] * 8, [50.0] * 8)], batch_size=8)
+    shown = [k for k in metrics if k in rec.PROGBAR_KEYS]
+    assert sorted(shown) == sorted(rec.PROGBAR_KEYS)
+    assert len(metrics) > 40  # 8 devices x 5 fields, host and run keys
+
+
+def test_resample_interpolates_each_column():
+    times = np.array([0.0, 1.0, 2.0])
+    values = np.array([[0.0, NAN], [10.0, NAN], [20.0, NAN]])
+    out = rec.resample(times, values, np.array([0.5, 1.5]))
+    np.testing.assert_allclose(out[:, 0], [5.0, 15.0])
+    assert np.isnan(out[:, 1]).all()
+
+
+# --- samplers ------------------------------------------------------------------------
+
+
+def test_scripted_sampler_peak_restarts_from_current_memory_at_reset():
+    sampler = ScriptedSampler([{"GPU:0": {"memory_mb": m}} for m in (100.0, 300.0, 120.0, 110.0)])
+    assert isinstance(sampler, DeviceSampler)
+    peaks = [sampler.sample()["GPU:0"]["peak_memory_mb"] for _ in range(3)]
+    assert peaks == [100.0, 300.0, 300.0]
+    sampler.reset_peaks()  # current memory is 120
+    assert sampler.sample()["GPU:0"] == {"memory_mb": 110.0, "peak_memory_mb": 120.0}
+    assert sampler.sample()["GPU:0"]["memory_mb"] == 110.0  # the last reading repeats
+    assert (sampler.calls, sampler.resets) == (5, 1)
+
+
+def test_scripted_sampler_validates_readings():
+    with pytest.raises(ValueError, match="Received: readings=\\[\\]"):
+        ScriptedSampler([])
+    with pytest.raises(ValueError, match="same devices"):
+        ScriptedSampler([{"GPU:0": {}}, {"GPU:1": {}}])
+
+
+def test_gpu_sampler_on_a_machine_without_gpu_reads_nothing_and_does_not_fail():
+    sampler = GPUSampler()
+    assert isinstance(sampler, DeviceSampler)
+    assert sampler.devices() == [] and sampler.sample() == {}
+    sampler.reset_peaks()
+    sampler.close()
+
+
+def test_host_sampler_reads_this_process():
+    import psutil
+
+    reading = HostSampler().sample()
+    rss = psutil.Process().memory_info().rss / 2**20
+    assert reading["memory_mb"] == pytest.approx(rss, rel=0.2)
+    assert reading["cpu_pct"] >= 0.0
+
+
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        (None, [0, 1]),
+        ("", [0, 1]),
+        ("3,1", [3, 1]),
+        ("GPU-aaaa, GPU-bbbb", ["GPU-aaaa", "GPU-bbbb"]),
+    ],
+)
+def test_nvml_targets_follow_cuda_visible_devices(visible, expected):
+    assert nvml_targets([0, 1], visible) == expected
+
+
+# --- sampler thread ------------------------------------------------------------------
+
+
+def test_sampler_thread_reads_at_its_interval_off_the_calling_thread():
+    threads = []
+    counter = itertools.count()
+
+    def read():
+        threads.append(threading.current_thread().name)
+        return np.array([float(next(counter))])
+
+    sampler = SamplerThread(read, interval=0.01)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    window = sampler.drain()
+    assert window.shape[1] == 1 and 5 <= len(window) <= 40
+    np.testing.assert_array_equal(window[:, 0], np.arange(len(window)))
+    assert set(threads) == {"kmp-device-sampler"}
+    assert sampler.drain().size == 0  # drained
+
+
+def test_sampler_thread_series_stays_bounded():
+    sampler = SamplerThread(lambda: np.array([1.0]), interval=None, max_points=8)
+    for _ in range(100):
+        sampler.sample_now()
+    times, values = sampler.series()
+    assert 4 <= len(times) <= 8 and values.shape == (len(times), 1)
+    assert np.all(np.diff(times) > 0)
+
+
+def test_sampler_thread_stops_on_a_failing_read_with_one_warning(caplog):
+    def read():
+        raise RuntimeError("driver gone")
+
+    sampler = SamplerThread(read, interval=0.01)
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        sampler.start()
+        time.sleep(0.2)
+        sampler.stop()
+    assert [r.getMessage() for r in caplog.records] == ["Device sampling stopped: RuntimeError: driver gone"]
+
+
+# --- outputs -------------------------------------------------------------------------
+
+
+def test_summary_table_shows_each_device_over_the_run():
+    epochs = [[record([100.0, 300.0], [40.0, 60.0])], [record([150.0, 250.0], [20.0, 80.0])]]
+    table = summary_table(epochs, np.array([12.0, 11.5, 20.25, 80.0]), 16, batch_size=32, replicas=2)
+    lines = table.splitlines()
+    assert lines[0] == (
+        "Device metrics over 2 epoch(s), 16 timed step(s): step time mean 12.0 ms, p50 11.5 ms, "
+        "p95 20.2 ms; 2560.0 samples/s (1280.0 per replica)"
+    )
+    assert lines[1].split() == ["worker", "device", "memory", "MB", "peak", "MB", "util", "%",
+                                "power", "W", "temp", "C"]
+    # memory: last; peak: highest; utilisation: mean; no NVML power: "-"
+    assert lines[2].split() == ["0", "GPU:0", "150.0", "151.0", "30.0", "-", "-"]
+    assert lines[3].split() == ["0", "GPU:1", "250.0", "301.0", "70.0", "-", "-"]
+    assert lines[5].split()[:3] == ["0", "host", "800.0"]
+
+
+def test_summary_table_without_gpu_says_so():
+    epochs = [[rec.WorkerRecord(run={}, host={"memory_mb": 5.0}, devices={})]]
+    table = summary_table(epochs, np.full(4, NAN), 0)
+    assert "GPU metrics unavailable (no GPU): host metrics only." in table
+
+
+def test_csv_sink_header_is_fixed_by_the_first_row(tmp_path):
+    sink = CSVSink(str(tmp_path / "sub" / "metrics.csv"))
+    sink.write(1.5, 0, 2, "batch", {"a": 1.0, "b": NAN})
+    sink.write(3.0, 0, 4, "epoch", {"a": 2.0, "b": 0.5, "c": 9.0})
+    sink.close()
+    with open(tmp_path / "sub" / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows == [
+        ["time_s", "epoch", "batch", "kind", "a", "b"],
+        ["1.500", "0", "2", "batch", "1.0", ""],
+        ["3.000", "0", "4", "epoch", "2.0", "0.5"],
+    ]
+
+
+# --- argument errors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "Received: batch_size=0"),
+        ({"log_every_n_batches": -2}, "Received: log_every_n_batches=-2"),
+        ({"log_every_n_batches": True}, "Received: log_every_n_batches=True"),
+        ({"sample_interval": 0}, "Received: sample_interval=0"),
+        ({"progbar": "some"}, "Received: progbar='some'"),
+    ],
+)
+def test_arguments_are_checked_at_construction(kwargs, message):
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+
+    with pytest.raises(ValueError, match=message):
+        DeviceMetricsLogger(**kwargs)
+
+
+def test_sampler_must_implement_the_interface():
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+
+    with pytest.raises(TypeError, match="devices\\(\\), sample\\(\\) and reset_peaks\\(\\)"):
+        DeviceMetricsLogger(sampler=object())
