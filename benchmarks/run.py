@@ -1,0 +1,298 @@
+"""Every benchmark in one command: a table on stdout, the same rows as JSON.
+
+    python benchmarks/run.py [--quick] [--json results.json]
+
+Rows (each ratio measured within this one run, from medians of repeats):
+
+- `@kmp.parallelize` vs the hand-written strategy scope: step time ratio on
+  2 devices (`parallelize_overhead.py`);
+- each callback's overhead: time per step of `fit` with it vs plain `fit`,
+  on the same 2-replica model, its epoch-end work included;
+- weight-sync fingerprint throughput vs `tf.reduce_sum`, both in GB/s
+  (`weight_sync_fingerprint.py`);
+- checkpoint: training time blocked per save, synchronous vs `async_save=True`
+  (`checkpoint_async.py`);
+- throughput of 1 vs 2 workers on localhost through `kmp.launch`
+  (`workers_throughput.py`).
+
+A benchmark whose script is missing, or that fails, gives a row saying
+"not available" and why; the others still run. Without 2 GPUs the CPU is split
+into 2 logical devices. `--quick` takes about two minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # the sibling scripts import as modules (and in kmp.launch workers)
+    sys.path.insert(0, HERE)
+
+#: Sizes of each benchmark, full and --quick.
+SETTINGS = {
+    "full": {"parallelize": {"repeats": 10, "steps": 50},
+             "callbacks": {"repeats": 7, "epochs": 3, "steps": 200},
+             "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
+             "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
+             "workers": {"repeats": 5, "steps": 40}},
+    "quick": {"parallelize": {"repeats": 6, "steps": 30},
+              "callbacks": {"repeats": 5, "epochs": 2, "steps": 100},
+              "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
+              "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
+              "workers": {"repeats": 3, "steps": 20}},
+}
+
+
+def row(benchmark: str, metric: str, value: float | None, unit: str, detail: str = "") -> dict:
+    return {"benchmark": benchmark, "metric": metric, "value": value, "unit": unit, "detail": detail}
+
+
+def unavailable(benchmark: str, reason: str) -> list[dict]:
+    return [row(benchmark, "not available", None, "", reason)]
+
+
+# --- @kmp.parallelize --------------------------------------------------------------------
+
+
+def bench_parallelize(repeats: int, steps: int) -> list[dict]:
+    import parallelize_overhead
+
+    r = parallelize_overhead.measure(repeats=repeats, steps=steps)
+    name = f"@kmp.parallelize vs hand-written scope ({r['replicas']} replicas)"
+    return [
+        row(name, "step time, @kmp.parallelize", 1e3 * r["step_s_parallelize"], "ms"),
+        row(name, "step time, hand-written scope", 1e3 * r["step_s_hand"], "ms"),
+        row(name, "ratio parallelize / hand", r["ratio"], "x", f"median of {repeats} x {steps} steps"),
+    ]
+
+
+# --- each callback vs plain fit -------------------------------------------------------------
+
+
+def callback_setups(folder: str) -> dict:
+    """Name -> factory of the callback list for one fit (fresh objects each time)."""
+    import keras_mgpu_plugins as kmp
+
+    cb = kmp.callbacks
+    count = iter(range(10**6))
+    setups = {
+        "plain fit": lambda: [],
+        "ModelCheckpoint (each epoch)": lambda: [
+            cb.ModelCheckpoint(os.path.join(folder, "ckpt.keras"), monitor="loss")],
+        "EarlyStopping": lambda: [cb.EarlyStopping(monitor="loss", patience=100)],
+        "BackupAndRestore": lambda: [
+            cb.BackupAndRestore(os.path.join(folder, f"backup-{next(count)}"))],
+        "DeviceMetricsLogger": lambda: [cb.DeviceMetricsLogger(summary=False)],
+        "WeightSyncVerifier": lambda: [cb.WeightSyncVerifier()],
+    }
+    every = list(setups.values())[1:]
+    setups["all five together"] = lambda: [c for make in every for c in make()]
+    return setups
+
+
+def bench_callbacks(repeats: int, epochs: int, steps: int, batch: int = 256) -> list[dict]:
+    import numpy as np
+    from parallelize_overhead import FEATURES, build
+
+    import keras_mgpu_plugins as kmp
+
+    model = kmp.parallelize(strategy="mirrored")(build)(512)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * steps, FEATURES)).astype("float32")
+    y = rng.integers(0, 10, size=len(x)).astype("int64")
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    with tempfile.TemporaryDirectory(prefix="kmp-bench-") as folder:
+        setups = callback_setups(folder)
+        names, errors = list(setups), {}
+
+        def per_step(name: str) -> float:
+            start = time.perf_counter()
+            model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0,
+                      callbacks=setups[name]())
+            return (time.perf_counter() - start) / (epochs * steps)
+
+        per_step("plain fit")  # traces the train function for everyone
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(repeats):  # interleaved, rotating, so a busy spell hits every setup
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                if name in errors:
+                    continue
+                try:
+                    times[name].append(per_step(name))
+                except Exception as err:  # one broken callback must not hide the others
+                    errors[name] = f"{type(err).__name__}: {err}"
+    base = statistics.median(times["plain fit"])
+    bench = f"callback overhead vs plain fit ({replicas} replicas, {epochs} epochs x {steps} steps)"
+    rows = [row(bench, "plain fit, time per step", 1e3 * base, "ms", f"median of {repeats} fits")]
+    for name in names[1:]:
+        if name in errors:
+            rows.append(row(bench, name, None, "", f"not available: {errors[name][:200]}"))
+        else:
+            rows.append(row(bench, name, statistics.median(times[name]) / base, "x",
+                            f"{1e3 * statistics.median(times[name]):.2f} ms/step"))
+    return rows
+
+
+# --- benchmarks of other modules ----------------------------------------------------------
+
+
+def bench_fingerprint(mb: float, layers: int, repeats: int) -> list[dict]:
+    """`weight_sync_fingerprint.throughput` prints its medians; the rows are read from them."""
+    from weight_sync_fingerprint import throughput
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        throughput(argparse.Namespace(mb=mb, layers=layers, repeats=repeats))
+    rates = dict(re.findall(r"^\s*(tf\.reduce_sum|fingerprint)\s+([0-9.]+) GB/s", printed.getvalue(),
+                            flags=re.MULTILINE))
+    name = f"weight-sync fingerprint vs tf.reduce_sum ({mb:g} MB of float32 weights)"
+    if set(rates) != {"tf.reduce_sum", "fingerprint"}:
+        return unavailable(name, "could not read the GB/s lines printed by "
+                                 f"weight_sync_fingerprint.throughput: {printed.getvalue()[-200:]!r}")
+    fp, total = float(rates["fingerprint"]), float(rates["tf.reduce_sum"])
+    detail = f"median of {repeats} calls"
+    return [row(name, "fingerprint", fp, "GB/s", detail), row(name, "tf.reduce_sum", total, "GB/s", detail),
+            row(name, "ratio fingerprint / reduce_sum", fp / total, "x")]
+
+
+def bench_checkpoint(repeats: int, epochs: int, width: int, steps: int = 4) -> list[dict]:
+    import keras
+    import numpy as np
+    from checkpoint_async import timed_checkpoint
+
+    import keras_mgpu_plugins as kmp
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(2048)])
+    model.compile(optimizer="adam", loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16 * steps, 2048)).astype("float32")
+    blocked: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory(prefix="kmp-bench-") as folder:
+        path = os.path.join(folder, "bench.keras")
+        for _ in range(repeats):
+            for async_save in (False, True):
+                callback = timed_checkpoint(kmp.callbacks.ModelCheckpoint, filepath=path,
+                                            async_save=async_save)
+                model.fit(x, x, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+                          callbacks=[callback])
+                blocked[async_save] += callback.per_save
+        size_mb = os.path.getsize(path) / 1e6
+    sync, asyn = statistics.median(blocked[False]), statistics.median(blocked[True])
+    name = f"checkpoint: training blocked per save ({size_mb:.0f} MB .keras file)"
+    detail = f"median of {len(blocked[False])} saves"
+    return [row(name, "sync", 1e3 * sync, "ms", detail), row(name, "async_save=True", 1e3 * asyn, "ms", detail),
+            row(name, "ratio sync / async", sync / asyn, "x")]
+
+
+def bench_workers(repeats: int, steps: int) -> list[dict]:
+    import workers_throughput
+
+    r = workers_throughput.measure(repeats=repeats, steps=steps)
+    name = "1 vs 2 workers on localhost (kmp.launch, global batch 256)"
+    return [row(name, "1 worker", r["samples_per_sec_1"], "samples/s"),
+            row(name, "2 workers", r["samples_per_sec_2"], "samples/s", f"{r['replicas_2']} replicas"),
+            row(name, "ratio 2 workers / 1 worker", r["ratio"], "x",
+                f"{os.cpu_count()} CPU cores shared by the workers")]
+
+
+BENCHMARKS = (
+    ("@kmp.parallelize vs hand-written scope", "parallelize", bench_parallelize),
+    ("callback overhead vs plain fit", "callbacks", bench_callbacks),
+    ("weight-sync fingerprint vs tf.reduce_sum", "fingerprint", bench_fingerprint),
+    ("checkpoint: training blocked per save", "checkpoint", bench_checkpoint),
+    ("1 vs 2 workers on localhost", "workers", bench_workers),
+)
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import keras
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpu_cores": os.cpu_count(), "gpus": len(gpus), "tensorflow": tf.__version__,
+            "keras": keras.__version__, "keras_mgpu_plugins": kmp.__version__}
+
+
+def format_value(r: dict) -> str:
+    if r["value"] is None:
+        return "-"
+    if r["unit"] == "x":
+        return f"{r['value']:.3f}x"
+    return f"{r['value']:,.1f} {r['unit']}" if r["value"] < 1e4 else f"{r['value']:,.0f} {r['unit']}"
+
+
+def table(rows: list[dict]) -> str:
+    lines, current = [], None
+    width = max(len(r["metric"]) for r in rows)
+    for r in rows:
+        if r["benchmark"] != current:
+            current = r["benchmark"]
+            lines.append(f"\n{current}")
+        lines.append(f"  {r['metric']:<{width}}  {format_value(r):>16}  {r['detail']}".rstrip())
+    return "\n".join(lines).lstrip("\n")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~2 min)")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON there")
+    parser.add_argument("--only", nargs="+", choices=[key for _, key, _ in BENCHMARKS],
+                        help="run only these benchmarks")
+    args = parser.parse_args(argv)
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    if len(tf.config.list_physical_devices("GPU")) < 2:
+        kmp.simulate_devices(2)  # before TensorFlow's runtime starts
+    settings = SETTINGS["quick" if args.quick else "full"]
+    started = time.perf_counter()
+    rows: list[dict] = []
+    for title, key, bench in BENCHMARKS:
+        if args.only and key not in args.only:
+            continue
+        print(f"running: {title} ...", file=sys.stderr, flush=True)
+        try:
+            rows += bench(**settings[key])
+        except ImportError as err:
+            rows += unavailable(title, f"script or module missing ({err})")
+        except Exception as err:
+            traceback.print_exc()
+            rows += unavailable(title, f"failed: {type(err).__name__}: {str(err)[:200]}")
+    result = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "quick": args.quick, "seconds": round(time.perf_counter() - started, 1),
+              "machine": machine(), "rows": rows}
+    m = result["machine"]
+    print(f"{result['date']}  {m['cpu_cores']} CPU cores, {m['gpus']} GPU(s); TensorFlow "
+          f"{m['tensorflow']}, Keras {m['keras']}; {'--quick, ' if args.quick else ''}"
+          f"{result['seconds']:.0f} s\n")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Training throughput of 1 worker against 2 workers on localhost (`kmp.launch`).
+
+Runs the same training job (same model, same global batch) in 1 worker, then in
+2 workers of a `MultiWorkerMirroredStrategy` started by `kmp.launch`, each worker
+a fresh process talking to the other through TensorFlow's gRPC collectives.
+Inside each job, after a warm-up fit (tracing), `--repeats` fits are timed; a
+job's throughput is the chief's median of global samples per second. Prints
+both and their ratio (2 workers / 1 worker), measured in this one run.
+
+On one machine the two workers share its CPU cores (and GPUs), so this measures
+what the gradient all-reduce between processes costs, not a speed-up: on
+separate machines each worker brings its own devices.
+
+    python benchmarks/workers_throughput.py [--quick] [--repeats 5] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+FEATURES = 64
+
+
+def train_job(steps: int, repeats: int, batch: int, width: int) -> dict:
+    """One worker's part: returns its median global samples/s over `repeats` fits."""
+    import keras
+    import numpy as np
+
+    import keras_mgpu_plugins as kmp
+
+    @kmp.parallelize
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(width, activation="relu"),
+            keras.layers.Dense(10),
+        ])
+        model.compile(optimizer="adam",
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    model = build()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * steps, FEATURES)).astype("float32")
+    y = rng.integers(0, 10, size=len(x)).astype("int64")
+
+    def fit_seconds() -> float:
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        return time.perf_counter() - start
+
+    fit_seconds()  # traces the train function
+    rates = [batch * steps / fit_seconds() for _ in range(repeats)]
+    return {"samples_per_sec": statistics.median(rates),
+            "replicas": int(model.distribute_strategy.num_replicas_in_sync),
+            "worker": kmp.topology().worker_index}
+
+
+def measure(repeats: int = 5, steps: int = 40, batch: int = 256, width: int = 512,
+            timeout: float = 600) -> dict:
+    """Runs the job on 1 then 2 local workers.
+
+    Returns:
+        `{"samples_per_sec_1", "samples_per_sec_2", "ratio", "replicas_2"}`,
+        the ratio being 2 workers / 1 worker.
+    """
+    import keras_mgpu_plugins as kmp
+
+    args = (steps, repeats, batch, width)
+    one = kmp.launch(train_job, num_workers=1, args=args, timeout=timeout)[0]
+    two = kmp.launch(train_job, num_workers=2, args=args, timeout=timeout)
+    chief = next(r for r in two if r["worker"] == 0)
+    return {
+        "samples_per_sec_1": one["samples_per_sec"],
+        "samples_per_sec_2": chief["samples_per_sec"],
+        "ratio": chief["samples_per_sec"] / one["samples_per_sec"],
+        "replicas_2": chief["replicas"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps")
+    parser.add_argument("--repeats", type=int, default=5, help="timed fits per job")
+    parser.add_argument("--steps", type=int, default=40, help="steps per fit")
+    args = parser.parse_args()
+    repeats, steps = (3, 20) if args.quick else (args.repeats, args.steps)
+    result = measure(repeats=repeats, steps=steps)
+    print(f"global batch 256, {steps} steps x {repeats} timed fits per job, {os.cpu_count()} CPU cores")
+    print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s")
+    print(f"  2 workers   {result['samples_per_sec_2']:10.0f} samples/s ({result['replicas_2']} replicas)")
+    print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
