@@ -18,6 +18,7 @@ import os
 import platform
 import secrets
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,16 @@ class WandbLogger(keras.callbacks.Callback):
         self._pending: list[tuple[str, dict[str, Any]]] = []
         if self.log_every:  # a batch hook only when batch logs are asked for
             self.on_train_batch_end = self._log_batch
+        self._listeners = _weak_listeners(self, "_on_checkpoint", "_on_device_metrics")
 
     def set_model(self, model: Any) -> None:
+        previous = getattr(self, "_model", None)
         super().set_model(model)
         self._logs_here, self._pending = None, []
-        events.subscribe(model, "checkpoint_saved", self._on_checkpoint)
-        events.subscribe(model, "device_metrics", self._on_device_metrics)
+        for topic, listener in zip(("checkpoint_saved", "device_metrics"), self._listeners, strict=True):
+            if previous is not None and previous is not model:
+                events.unsubscribe(previous, topic, listener)
+            events.subscribe(model, topic, listener)  # kept after fit: late events are reported
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = self.model.distribute_strategy
@@ -166,8 +171,6 @@ class WandbLogger(keras.callbacks.Callback):
         # Ask producers to publish what is still pending (an async checkpoint write)
         # before the run closes, whether their on_train_end runs before or after.
         events.publish(self.model, FLUSH_TOPIC, {"reason": "train_end"})
-        events.unsubscribe(self.model, "checkpoint_saved", self._on_checkpoint)
-        events.unsubscribe(self.model, "device_metrics", self._on_device_metrics)
         run, self.run, self._steps, self._logs_here = self.run, None, None, False
         if run is not None and self._owns_run:
             run.finish()
@@ -239,6 +242,21 @@ class WandbLogger(keras.callbacks.Callback):
 # --- what the run records -------------------------------------------------------------
 
 
+def _weak_listeners(owner: Any, *methods: str) -> tuple:
+    """Event listeners that call `owner`'s methods without keeping `owner` (and its model) alive."""
+    ref = weakref.ref(owner)
+
+    def listener(method: str) -> Any:
+        def call(payload: dict[str, Any]) -> None:
+            target = ref()
+            if target is not None:
+                getattr(target, method)(payload)
+
+        return call
+
+    return tuple(listener(method) for method in methods)
+
+
 def require_wandb() -> None:
     """Raises an ImportError with the install hint when `wandb` is missing (not importing it)."""
     if "wandb" in sys.modules:
@@ -267,7 +285,7 @@ def job_config(model: Any, strategy: Any, mode: str) -> dict[str, Any]:
         "strategy": strategy_name(tf, strategy),
         "num_workers": collective.num_workers(),
         "num_replicas": int(strategy.num_replicas_in_sync),
-        "devices": [str(d) for d in strategy.extended.worker_devices],
+        "devices": strategy_devices(tf, strategy),
         "gpu_models": models,
         "python_version": platform.python_version(),
         "tensorflow_version": tf.__version__,
@@ -285,6 +303,15 @@ def strategy_name(tf: Any, strategy: Any) -> str:
         if isinstance(strategy, getattr(tf.distribute, name)):
             return name
     return "default" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
+
+
+def strategy_devices(tf: Any, strategy: Any) -> list[str]:
+    """This worker's devices under `strategy` (TF's default strategy: the first GPU, else CPU)."""
+    try:
+        return [str(d) for d in strategy.extended.worker_devices]
+    except RuntimeError:  # "worker_devices() method unsupported by default" strategy
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return [devices[0].name]
 
 
 def measured_batch_sizes(model: Any, batches_done: int) -> dict[str, int]:

@@ -117,6 +117,17 @@ def test_one_run_records_the_job_the_epochs_and_every_n_batches(wandb_dir):
     assert [row["batch/loss"] for row in run.history if row["_step"] in (4, 8)] == history["loss"]
 
 
+def test_a_one_device_model_under_the_default_strategy(wandb_dir):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = data()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[WandbLogger()])
+    config = only_run(wandb_dir).config
+    assert (config["strategy"], config["num_workers"], config["num_replicas"]) == ("default", 1, 1)
+    assert (config["global_batch_size"], config["per_replica_batch_size"]) == (BATCH, BATCH)
+    assert config["devices"] == ["/device:CPU:0"]
+
+
 @pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
 def test_sibling_checkpoints_and_device_metrics_whatever_the_order(wandb_dir, logger_first):
     logger, publisher = WandbLogger(project="kmp-test"), Publisher(str(wandb_dir))
@@ -221,3 +232,45 @@ def test_device_metrics_logger_records_land_at_their_steps(wandb_dir, logger_fir
     assert [row["_step"] for row in rows if "epoch" in row] == [4, 8]
     assert all("batch/loss" in row for row in rows)  # merged with the batch logs of that step
     assert rows[-1]["host/memory_mb"] > 0
+
+
+class LateWriter(keras.callbacks.Callback):
+    """Completes its last checkpoint in on_train_end, or earlier when asked on the "flush" topic."""
+
+    def __init__(self, folder, answers_flush):
+        super().__init__()
+        self.folder, self.answers_flush, self.pending = folder, answers_flush, None
+
+    def on_train_begin(self, logs=None):
+        if self.answers_flush:
+            events.subscribe(self.model, "flush", lambda payload: self._complete())
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.pending = epoch
+
+    def on_train_end(self, logs=None):
+        self._complete()
+
+    def _complete(self):
+        if self.pending is not None:
+            path = os.path.join(self.folder, "last.weights.h5")
+            self.model.save_weights(path)
+            events.publish(self.model, "checkpoint_saved", {
+                "path": path, "epoch": self.pending, "batch": None, "is_best": False,
+                "monitor": "loss", "value": None,
+            })
+            self.pending = None
+
+
+def test_a_checkpoint_completed_after_the_run_closed_is_reported(wandb_dir, caplog):
+    fit([WandbLogger(), LateWriter(str(wandb_dir), answers_flush=False)], epochs=1)
+    assert only_run(wandb_dir).artifacts == []
+    assert "last.weights.h5 was completed after the W&B run was finished" in caplog.text
+
+
+def test_producers_answering_flush_are_logged_before_the_run_closes(wandb_dir, caplog):
+    fit([WandbLogger(), LateWriter(str(wandb_dir), answers_flush=True)], epochs=1)
+    (artifact,) = only_run(wandb_dir).artifacts
+    assert artifact["aliases"] == ["epoch-1", "latest"]
+    assert artifact["files"] == {"last.weights.h5": b64_md5(wandb_dir / "last.weights.h5")}
+    assert "after the W&B run was finished" not in caplog.text
