@@ -198,7 +198,10 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
 def _chief_value(value: Any, strategy: Any) -> float | None:
     """Every worker gets the chief's value (`None` if the chief has none)."""
-    mine = np.array([0.0, 0.0] if value is None else [1.0, float(value)])
+    try:  # never raise before the collective: the other workers would wait for us
+        mine = np.array([0.0, 0.0] if value is None else [1.0, float(value)])
+    except (TypeError, ValueError):
+        mine = np.array([0.0, 0.0])
     present, chief = collective.broadcast(mine, strategy)
     return float(chief) if present else None
 
