@@ -1,0 +1,365 @@
+"""`ModelCheckpoint`: Keras's checkpoint callback, atomic and chief-only.
+
+Design: this class *subclasses* `keras.callbacks.ModelCheckpoint` so that the
+argument checks, error messages, filepath formatting (`{epoch}`, `{batch}`,
+`{val_loss:.2f}`...), `save_freq` counting, `mode="auto"` inference and the
+best-value bookkeeping stay Keras's own code. Only Keras's private
+`_save_model(epoch, batch, logs)` (the method its `on_epoch_end` and
+`on_train_batch_end` call) is replaced, to change who decides, who writes and
+how. It calls back into Keras's `_get_file_path` and `_should_save_model`.
+These private names were checked against Keras 3.15.1;
+`tests/unit/test_model_checkpoint_keras_internals.py` fails loudly if they
+change. A proxy model handed to Keras was the alternative; it would have to
+impersonate the whole `keras.Model` seen by `MonitorCallback` and by users of
+`self.model`, so overriding one method is the smaller dependency.
+
+What changes against Keras:
+
+- The decision is collective: the chief's monitored value is broadcast
+  (`collective.broadcast`, on every worker at every save point; local in one
+  process) and fed to Keras's decision, so every worker agrees.
+- Only the chief writes `filepath`. Other workers read the variables as the
+  save would (that may be a collective operation) and keep nothing.
+- The file is written beside its final name, `fsync`ed, then `os.replace`d.
+- `model=template`: the template receives the trained weights (by value) and
+  is saved instead of the trained model.
+- `async_save=True`: the checkpoint is copied to host memory on the training
+  thread and written by one background thread.
+- Each complete checkpoint is published as a `"checkpoint_saved"` event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+from keras.src.utils import io_utils
+
+from keras_mgpu_plugins import collective
+from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, events
+
+_SUFFIX = {"weights": ".weights.h5", "keras": ".keras", "h5": ".h5"}
+_MISSING, _SCALAR, _OTHER = 0.0, 1.0, 2.0
+
+
+def encode_monitored(value: Any) -> np.ndarray:
+    """`[kind, value]` as float64, for broadcasting a monitored log value.
+
+    `kind` is 0 when the value is missing, 1 for a real scalar, 2 otherwise
+    (an array, which Keras does not compare).
+    """
+    if value is None:
+        return np.array([_MISSING, 0.0])
+    array = np.asarray(value)
+    if array.ndim == 0 and array.dtype.kind in "biuf":
+        return np.array([_SCALAR, float(array)])
+    return np.array([_OTHER, 0.0])
+
+
+def agreed_logs(logs: Mapping[str, Any], monitor: str, chief: np.ndarray) -> dict[str, Any]:
+    """`logs` with the chief's monitored value (as encoded by `encode_monitored`).
+
+    Unchanged where this worker already holds the chief's value, so a single
+    process sees exactly Keras's logs.
+    """
+    logs = dict(logs)
+    kind, value = float(chief[0]), float(chief[1])
+    local = logs.get(monitor)
+    if kind == _MISSING:
+        logs.pop(monitor, None)
+    elif kind == _OTHER:
+        if encode_monitored(local)[0] != _OTHER:  # keep Keras's "not a scalar" path
+            logs[monitor] = np.array([value])
+    elif not np.array_equal(encode_monitored(local), chief):
+        logs[monitor] = value
+    return logs
+
+
+def check_template(source: Any, target: Any) -> bool:
+    """Whether `target` needs `source`'s values copied (`False`: it shares them).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    sources, targets = source.weights, target.weights
+    if targets and {id(v) for v in targets} <= {id(v) for v in sources}:
+        return False  # the template's variables are the trained ones (e.g. multi_gpu_model)
+    shapes = [tuple(v.shape) for v in sources]
+    wanted = [tuple(v.shape) for v in targets]
+    if shapes != wanted:
+        raise ValueError(
+            "ModelCheckpoint(model=...) saves a template model that must have the "
+            f"same weights as the trained model {source.name!r}, in the same order, "
+            f"to receive them. The trained model has {len(shapes)} weights of shapes "
+            f"{shapes}; the template {target.name!r} has {len(wanted)} weights of shapes "
+            f"{wanted}. Received: model={target.name!r}"
+        )
+    return True
+
+
+def copy_weights(source: Any, target: Any) -> None:
+    """Gives `target` the values of `source`'s weights (nothing to do if shared).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    if check_template(source, target):
+        target.set_weights(source.get_weights())
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`keras.callbacks.ModelCheckpoint`, safe with several devices and workers.
+
+    Same arguments, files, messages and errors as Keras's callback on one
+    device, plus:
+
+    - only the chief worker writes `filepath`; every worker takes the same
+      decision (the chief's monitored value decides `save_best_only`);
+    - a checkpoint appears at its final name complete or not at all;
+    - `model=template` saves a template model holding the trained weights;
+    - `async_save=True` writes in a background thread;
+    - each complete checkpoint is published on the trained model as the
+      `"checkpoint_saved"` event of `keras_mgpu_plugins.callbacks.events`
+      (on the chief only).
+
+    Args:
+        filepath: As in Keras: `.keras` or `.h5` (whole model) or `.weights.h5`
+            (`save_weights_only=True`), with `{epoch}`, `{batch}` and log keys.
+        monitor: As in Keras.
+        verbose: As in Keras; non-chief workers print nothing.
+        save_best_only: As in Keras.
+        save_weights_only: As in Keras.
+        mode: As in Keras.
+        save_freq: As in Keras.
+        initial_value_threshold: As in Keras.
+        model: Optional template `keras.Model` to save instead of the model
+            being trained. Its weights must match the trained model's in
+            number and shapes; they receive the trained values (by value,
+            `template.set_weights(trained.get_weights())`) before each save,
+            on every worker. Nothing is copied when the template's variables
+            are the trained model's own.
+        async_save: If `True`, the checkpoint is copied to host memory on the
+            training thread and written by a background thread, at most one
+            write at a time (the next save waits for it). Writer errors are
+            raised on the training thread at the next callback hook;
+            `on_train_end` waits for the last write. Copying needs the host
+            memory of one checkpoint.
+
+    Raises:
+        ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
+            does not match `save_weights_only`; for a non-boolean `async_save`.
+        TypeError: If `model` is not a `keras.Model`.
+
+    Example:
+        >>> checkpoint = kmp.callbacks.ModelCheckpoint(
+        ...     "ckpt/{epoch:02d}.keras", monitor="val_loss", save_best_only=True)
+        >>> model.fit(x, y, validation_split=0.1, epochs=5, callbacks=[checkpoint])
+    """
+
+    def __init__(
+        self,
+        filepath: str | os.PathLike,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_best_only: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        initial_value_threshold: float | None = None,
+        *,
+        model: keras.Model | None = None,
+        async_save: bool = False,
+    ) -> None:
+        super().__init__(
+            filepath,
+            monitor=monitor,
+            verbose=verbose,
+            save_best_only=save_best_only,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            save_freq=save_freq,
+            initial_value_threshold=initial_value_threshold,
+        )
+        if model is not None and not isinstance(model, keras.Model):
+            raise TypeError(
+                "model must be a keras.Model to save in place of the trained one, or "
+                f"None. Received: model={model!r} of type {type(model).__name__}"
+            )
+        if not isinstance(async_save, bool):
+            raise ValueError(
+                f"async_save must be True or False. Received: async_save={async_save!r}"
+            )
+        if async_save:
+            _checkpoint_io.check_keras_internals()
+        self.template = model
+        self.async_save = async_save
+        self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
+        self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
+
+    # --- hooks ------------------------------------------------------------------
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._drain(wait=True)  # a write left by an interrupted fit
+        if self.template is not None and self.model.built and self.template.built:
+            check_template(self.model, self.template)  # fail now, not at the first save
+        if collective.num_workers() > 1:
+            _checkpoint_io.check_keras_internals()  # the same answer on every worker
+        directory = os.path.dirname(self.filepath.split("{", 1)[0])
+        problem = _atomic.writable_problem(directory) if collective.is_chief() else None
+        if collective.agree(problem is not None, self._strategy(), how="chief"):
+            where = problem or "the chief worker cannot write there (see its error)"
+            raise PermissionError(
+                f"{type(self).__name__} cannot write checkpoints to the folder of "
+                f"filepath: {where}. Fix its permissions or choose another filepath. "
+                f"Received: filepath={self.filepath}"
+            )
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._drain()
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._writer is not None and self._writer.has_news():
+            self._drain()
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._drain()
+        super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._drain(wait=True)
+
+    # --- saving -----------------------------------------------------------------
+
+    def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
+        """Replaces Keras's: collective decision, then an atomic chief-only write."""
+        logs = logs or {}
+        self._drain(wait=True)  # at most one write in flight; messages stay in order
+        filepath = self._get_file_path(epoch, batch, logs)
+        record = self._decide(epoch, batch, logs, filepath)
+        if record is None:
+            return
+        chief = collective.is_chief()
+        if chief and os.path.isdir(filepath):
+            raise OSError(
+                "Please specify a non-directory filepath for ModelCheckpoint. "
+                f"Filepath used is an existing directory: {filepath}"
+            )
+        target = self._model_to_save()
+        if not chief:  # read what the chief's save reads (may be collective), keep nothing
+            _checkpoint_io.take_snapshot(target, self._kind, keep=False)
+        elif self.async_save:
+            snapshot = _checkpoint_io.take_snapshot(target, self._kind)
+            self._writer.submit(lambda: self._write(snapshot.write, filepath), record)
+        else:
+            self._write(lambda tmp: self._keras_save(target, tmp), filepath)
+            self._saved(record)
+
+    def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
+        """Keras's decision on the chief's monitored value; the event record if saving."""
+        chief = collective.is_chief()
+        local = encode_monitored(logs.get(self.monitor))
+        chief_value = collective.broadcast(local, self._strategy())
+        with self._quiet_unless(chief):
+            decided = agreed_logs(logs, self.monitor, chief_value)
+            if not self._should_save_model(epoch, batch, decided, filepath):
+                return None
+        value = float(chief_value[1]) if chief_value[0] == _SCALAR else None
+        return {
+            "path": filepath,
+            "epoch": int(epoch),
+            "batch": None if batch is None else int(batch),
+            "is_best": bool(self.save_best_only and value is not None),
+            "monitor": self.monitor,
+            "value": value,
+        }
+
+    def _strategy(self) -> Any:
+        return getattr(self.model, "distribute_strategy", None)
+
+    def _model_to_save(self) -> keras.Model:
+        if self.template is None:
+            return self.model
+        copy_weights(self.model, self.template)
+        return self.template
+
+    def _keras_save(self, model: keras.Model, path: str) -> None:
+        if self.save_weights_only:
+            model.save_weights(path, overwrite=True)
+        else:
+            model.save(path, overwrite=True)
+
+    def _write(self, write: Any, filepath: str) -> None:
+        _atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
+
+    def _saved(self, record: dict[str, Any]) -> None:
+        if self.verbose > 0:
+            io_utils.print_msg(
+                f"\nEpoch {record['epoch'] + 1}: finished saving model to {record['path']}"
+            )
+        events.publish(self.model, "checkpoint_saved", dict(record))
+
+    def _drain(self, wait: bool = False) -> None:
+        """Publishes finished background writes; raises the first writer error."""
+        if self._writer is None:
+            return
+        if wait:
+            self._writer.wait()
+        for record, error in self._writer.collect():
+            if error is not None:
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(
+                        f"Raised in {type(self).__name__}'s background writer while "
+                        f"saving {record['path']} (async_save=True)."
+                    )
+                raise error
+            self._saved(record)
+
+    @contextlib.contextmanager
+    def _quiet_unless(self, chief: bool) -> Iterator[None]:
+        verbose = self.verbose
+        self.verbose = verbose if chief else 0
+        try:
+            yield
+        finally:
+            self.verbose = verbose
+
+
+class ParallelModelCheckpoint(ModelCheckpoint):
+    """`ModelCheckpoint` taking the template model first, as the multi-GPU recipe does.
+
+    `ParallelModelCheckpoint(template, filepath, **kwargs)` is
+    `ModelCheckpoint(filepath, model=template, **kwargs)`: the template gets
+    the trained weights and is what is saved.
+
+    Args:
+        model: The template `keras.Model` (e.g. the one given to
+            `multi_gpu_model`).
+        filepath: See `ModelCheckpoint`.
+        **kwargs: Any other `ModelCheckpoint` argument.
+
+    Example:
+        >>> parallel = kmp.multi_gpu_model(template, gpus=2)
+        >>> parallel.compile(optimizer="sgd", loss="mse")
+        >>> parallel.fit(x, y, callbacks=[
+        ...     kmp.callbacks.ParallelModelCheckpoint(template, "best.keras",
+        ...                                           save_best_only=True)])
+    """
+
+    def __init__(
+        self, model: keras.Model, filepath: str | os.PathLike, *args: Any, **kwargs: Any
+    ) -> None:
+        if model is None:
+            raise TypeError(
+                "ParallelModelCheckpoint needs the template model first. Received: model=None"
+            )
+        if "model" in kwargs:
+            raise TypeError(
+                "ParallelModelCheckpoint takes the template as its first argument, not as model=."
+            )
+        super().__init__(filepath, *args, model=model, **kwargs)
