@@ -75,7 +75,9 @@ class WandbLogger(keras.callbacks.Callback):
         log_freq: `"epoch"`, `"batch"` (every batch) or a positive int: also log
             the batch logs every `log_freq` batches.
         log_checkpoints: Log completed `kmp` checkpoints as artifacts (chief only).
-        **init_kwargs: Passed to `wandb.init` (e.g. `mode="offline"`, `tags`).
+        **init_kwargs: Passed to `wandb.init` (e.g. `tags`, `dir`). W&B's own
+            `mode` is taken by `mode` here: use `WANDB_MODE=offline` or
+            `settings=wandb.Settings(mode="offline")`.
 
     Raises:
         ValueError: For an unknown `mode` or a bad `log_freq`.

@@ -25,6 +25,7 @@ pytestmark = [
 ]
 
 ROWS, GLOBAL_BATCH, EPOCHS = 32, 8, 2
+SENTINEL = "kmpsentinel0123456789abcdef0123456789abcdef"  # a fake W&B API key
 STEPS = ROWS // GLOBAL_BATCH
 
 
@@ -58,13 +59,22 @@ def train(out_dir, mode):
     ]
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                         callbacks=callbacks)
-    return {"imported_wandb": "wandb" in sys.modules, "history": history.history}
+    imported = "wandb" in sys.modules
+    failure = None
+    if mode == "chief":  # wandb.init fails on the chief only: every worker must stop at once
+        try:
+            model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
+                      callbacks=[WandbLogger(project="bad/name")])
+        except Exception as err:  # noqa: BLE001 - returned for the test to check
+            failure = f"{type(err).__name__}: {err}"
+    return {"imported_wandb": imported, "history": history.history, "failure": failure}
 
 
 def run_job(tmp_path, mode):
     pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
     pytest.importorskip("keras_mgpu_plugins.callbacks.device_metrics_logger")
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+           "WANDB_API_KEY": SENTINEL,
            "KMP_JOB_ID": None, "WANDB_RUN_GROUP": None, "WANDB_PROJECT": None}
     results = kmp.launch(train, num_workers=2, args=(str(tmp_path), mode), timeout=200, env=env)
     return results, [read_run(path) for path in find_runs(tmp_path)]
@@ -92,6 +102,12 @@ def test_chief_mode_makes_one_run_and_worker_1_never_imports_wandb(chief_job):
     assert len(runs) == 1
     run = runs[0]
     assert run.finished and run.project == "kmp-mw" and run.name == "exp"
+
+
+def test_a_failed_init_on_the_chief_stops_every_worker_instead_of_hanging(chief_job):
+    chief, other = (r["failure"] for r in chief_job[1])
+    assert chief.startswith("UsageError: Invalid project name 'bad/name'")
+    assert other == "RuntimeError: WandbLogger: wandb.init failed on another worker; see its log."
 
 
 def test_chief_mode_records_the_job_config(chief_job):
@@ -137,3 +153,9 @@ def test_group_mode_makes_one_named_run_per_worker_in_one_group(group_job):
         assert [row["loss"] for row in run.history if "epoch" in row] == results[index]["history"]["loss"]
     assert len(by_name["exp-worker0"].artifacts) == EPOCHS  # checkpoints: the chief's run only
     assert by_name["exp-worker1"].artifacts == []
+
+
+def test_the_api_key_is_in_no_file_of_either_job(chief_job, group_job):
+    files = [p for job in (chief_job, group_job) for p in job[0].rglob("*") if p.is_file()]
+    assert len(files) > 10
+    assert [str(p) for p in files if SENTINEL.encode() in p.read_bytes()] == []
