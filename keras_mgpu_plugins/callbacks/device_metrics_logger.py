@@ -8,8 +8,8 @@ device such as `GPU:0`; the `workerK/` part appears only with several workers):
 | `step_time/mean_ms`                       | ms     | mean time per batch (chief)     |
 | `step_time/p50_ms`, `step_time/p95_ms`    | ms     | median, 95th percentile (chief) |
 | `throughput/steps_per_sec`                | 1/s    | batches per second              |
-| `throughput/samples_per_sec`              | 1/s    | with `batch_size`: global       |
-| `throughput/samples_per_sec_per_replica`  | 1/s    | with `batch_size`: per replica  |
+| `throughput/samples_per_sec`              | 1/s    | samples per second, global      |
+| `throughput/samples_per_sec_per_replica`  | 1/s    | the same, per replica           |
 | `device/peak_memory_mb_max`               | MB     | highest peak of any device      |
 | `device/utilization_pct_mean`             | %      | mean utilisation of all devices |
 | `device/[workerK/]DEV/memory_mb`          | MB     | in use at the epoch's end (TF)  |
@@ -22,10 +22,11 @@ device such as `GPU:0`; the `workerK/` part appears only with several workers):
 | `host/[workerK/]tf_memory_mb`             | MB     | TF host allocator, at the end   |
 | `host/[workerK/]tf_peak_memory_mb`        | MB     | its peak, reset at each epoch   |
 
-A key is present when its value is known at the first epoch (no `device/`
+A key is present when its value is known at the first record (no `device/`
 keys without GPUs, no NVML keys without `nvidia-ml-py`), and then for the
-whole run, so CSV headers stay valid. Keras's progress bar shows only the
-first four aggregate keys (see `progbar`).
+whole run, so CSV headers stay valid. Keras's progress bar shows only
+`step_time/mean_ms`, `throughput/samples_per_sec` and the two `device/`
+aggregates (see `progbar`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     validation and epoch-end callbacks, not by a batch) are left out.
 
     Args:
-        batch_size: Global batch size (what `fit` receives); enables the
-            samples-per-second keys. Without it only batches per second.
+        batch_size: Global batch size (what `fit` receives), for samples per
+            second. By default the rows Keras's loss tracker counted per batch
+            on every worker (the same for full batches; the mean with a
+            partial last batch).
         log_every_n_batches: Also take a record every N batches, written to
             `log_dir` / `csv_path` and published with its batch number.
         log_dir: Directory for TensorBoard scalars of every record (chief).
@@ -194,10 +197,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             readings = np.concatenate([r for r in self._readings if r.size])
         else:
             readings = self._readings[-1]
-        vector = rec.worker_vector(
-            rec.step_stats(seconds, batches), rec.reduce_window(readings, len(self._names)),
-            self._max_devices,
-        )
+        done = self._batches_done(batch)
+        rows = _rows_counted(self.model) / done if done else np.nan
+        run = np.append(rec.step_stats(seconds, batches), rows)
+        vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
         workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
         metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas))
         self._write(kind, batch, metrics)
@@ -273,8 +276,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             plot_run(self.plot, series[0, :, 0], series[:, :, 1:], self._all_names, self._epoch_ends)
         if self.summary:
             seconds, batches = _concat(self._run_intervals)
-            print(summary_table(self.records, rec.step_stats(seconds, batches),
-                                int(batches.sum()), self.batch_size, self._replicas))
+            rows = sum(w.run["rows_per_batch"] for w in self.records[-1]) if self.records else None
+            print(summary_table(self.records, rec.step_stats(seconds, batches), int(batches.sum()),
+                                self.batch_size or rows, self._replicas))
 
     def _close_run(self) -> None:
         self._thread.stop()
@@ -300,6 +304,16 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         if message not in _warned:
             _warned.add(message)
             logger.warning(message)
+
+
+def _rows_counted(model: Any) -> float:
+    """Rows this worker's replicas trained on this epoch, as Keras's loss tracker counted them."""
+    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+    if tracker is None:
+        return np.nan
+    variable = getattr(tracker.count, "value", tracker.count)
+    local = model.distribute_strategy.experimental_local_results(variable)
+    return float(sum(np.asarray(v) for v in local))
 
 
 def _concat(intervals: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

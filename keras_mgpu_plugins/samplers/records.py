@@ -24,6 +24,10 @@ from keras_mgpu_plugins.samplers.base import (
 #: Per-run fields, in the order they travel between workers.
 RUN_FIELDS = ("step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "throughput/steps_per_sec")
 
+#: What a worker sends about the run: `RUN_FIELDS`, then the rows (samples) its
+#: replicas trained on per batch, which add up to the global batch size.
+WIRE_RUN_FIELDS = (*RUN_FIELDS, "rows_per_batch")
+
 #: The only keys Keras's progress bar shows (with `progbar="summary"`).
 PROGBAR_KEYS = frozenset(
     {
@@ -149,8 +153,8 @@ def reduce_window(window: np.ndarray, num_devices: int) -> np.ndarray:
 
 
 def worker_vector(run: np.ndarray, reading: np.ndarray, max_devices: int) -> np.ndarray:
-    """What one worker sends: run fields, host fields, devices padded to `max_devices`."""
-    width = len(RUN_FIELDS) + len(HOST_FIELDS) + max_devices * len(DEVICE_FIELDS)
+    """What one worker sends: `WIRE_RUN_FIELDS`, host fields, devices padded to `max_devices`."""
+    width = len(WIRE_RUN_FIELDS) + len(HOST_FIELDS) + max_devices * len(DEVICE_FIELDS)
     out = np.full(width, NAN)
     out[: len(run)] = run
     out[len(run) : len(run) + len(reading)] = reading
@@ -169,7 +173,7 @@ class WorkerRecord:
 def unpack(matrix: np.ndarray, device_names: Sequence[Sequence[str]]) -> list[WorkerRecord]:
     """Splits gathered worker vectors `(workers, width)` back into records."""
     records = []
-    nr, nh, nd = len(RUN_FIELDS), len(HOST_FIELDS), len(DEVICE_FIELDS)
+    nr, nh, nd = len(WIRE_RUN_FIELDS), len(HOST_FIELDS), len(DEVICE_FIELDS)
     for row, names in zip(np.asarray(matrix, dtype=np.float64), device_names, strict=True):
         devices = {}
         for i, name in enumerate(names):
@@ -177,7 +181,7 @@ def unpack(matrix: np.ndarray, device_names: Sequence[Sequence[str]]) -> list[Wo
             devices[name] = dict(zip(DEVICE_FIELDS, map(float, chunk), strict=True))
         records.append(
             WorkerRecord(
-                run=dict(zip(RUN_FIELDS, map(float, row[:nr]), strict=True)),
+                run=dict(zip(WIRE_RUN_FIELDS, map(float, row[:nr]), strict=True)),
                 host=dict(zip(HOST_FIELDS, map(float, row[nr : nr + nh]), strict=True)),
                 devices=devices,
             )
@@ -195,15 +199,17 @@ def flatten(
 ) -> dict[str, float]:
     """The flat metric keys of one record (NaN where a value is missing).
 
-    Run keys come from the chief (worker 0). Per-device and host keys carry
-    `workerK/` only when there are several workers.
+    Run keys come from the chief (worker 0). Samples per second use
+    `batch_size` when given, else the rows every worker counted per batch.
+    Per-device and host keys carry `workerK/` only when there are several
+    workers.
     """
     run = workers[0].run
     out = {key: run[key] for key in RUN_FIELDS}
-    if batch_size is not None:
-        samples = batch_size * run["throughput/steps_per_sec"]
-        out["throughput/samples_per_sec"] = samples
-        out["throughput/samples_per_sec_per_replica"] = samples / max(1, replicas)
+    rows = sum(w.run.get("rows_per_batch", NAN) for w in workers)
+    samples = (batch_size if batch_size is not None else rows) * run["throughput/steps_per_sec"]
+    out["throughput/samples_per_sec"] = samples
+    out["throughput/samples_per_sec_per_replica"] = samples / max(1, replicas)
     peaks = [d["peak_memory_mb"] for w in workers for d in w.devices.values()]
     utils = [d["utilization_pct"] for w in workers for d in w.devices.values()]
     out["device/peak_memory_mb_max"] = _nan_reduce(np.max, peaks)

@@ -88,11 +88,12 @@ def test_one_device_without_gpu_reports_host_and_run_and_warns_once(monkeypatch,
 def test_two_logical_devices_divide_throughput_per_replica():
     model = kmp.parallelize(strategy="mirrored")(tiny_model)()
     assert model.distribute_strategy.num_replicas_in_sync == 2
-    logger = DeviceMetricsLogger(batch_size=BATCH, summary=False)
+    logger = DeviceMetricsLogger(summary=False)  # the batch size is counted, not given
     history = fit([logger], model=model)
     assert set(history) == {"loss"} | RUN_KEYS | HOST_KEYS  # logical CPUs share the host
     for e in range(2):
         total = history["throughput/samples_per_sec"][e]
+        assert total == pytest.approx(BATCH * history["throughput/steps_per_sec"][e])
         assert history["throughput/samples_per_sec_per_replica"][e] == pytest.approx(total / 2)
     assert len(logger.records) == 2 and logger.records[0][0].devices == {}
 

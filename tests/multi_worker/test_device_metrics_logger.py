@@ -50,8 +50,8 @@ def train_with_metrics(root):
         for k in range(4)
     ])
     out = os.path.join(root, f"worker{rank}")  # each worker is told its own place
-    logger = DeviceMetricsLogger(
-        batch_size=GLOBAL_BATCH, log_every_n_batches=2, csv_path=os.path.join(out, "metrics.csv"),
+    logger = DeviceMetricsLogger(  # no batch_size: each worker counts its rows
+        log_every_n_batches=2, csv_path=os.path.join(out, "metrics.csv"),
         log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png"),
         sample_interval=None, sampler=sampler,
     )
@@ -88,6 +88,7 @@ def test_chief_logs_hold_every_workers_devices_with_their_own_numbers(run):
     assert not any(k.startswith(("device/GPU", "host/memory")) for k in history)  # scoped keys only
     assert history["device/peak_memory_mb_max"] == [memory(1, 1) + 1000, memory(1, 3) + 1000]
     samples = history["throughput/samples_per_sec"]
+    assert samples == pytest.approx([GLOBAL_BATCH * s for s in history["throughput/steps_per_sec"]])
     assert history["throughput/samples_per_sec_per_replica"] == pytest.approx([s / 2 for s in samples])
 
 

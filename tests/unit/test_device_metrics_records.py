@@ -122,7 +122,7 @@ def test_reduce_window_uses_last_max_mean_and_skips_nan():
 
 
 def test_worker_vectors_round_trip_with_padding():
-    run = np.array([10.0, 9.0, 15.0, 100.0])
+    run = np.array([10.0, 9.0, 15.0, 100.0, 8.0])
     one = rec.reading_vector({"memory_mb": 1.0}, {"GPU:0": {"memory_mb": 5.0}}, ["GPU:0"])
     two = rec.reading_vector({"memory_mb": 2.0}, {"GPU:0": {"memory_mb": 6.0}, "GPU:1": {"memory_mb": 7.0}},
                              ["GPU:0", "GPU:1"])
@@ -133,6 +133,16 @@ def test_worker_vectors_round_trip_with_padding():
     assert workers[0].run["step_time/mean_ms"] == 10.0 and workers[1].run["step_time/mean_ms"] == 11.0
     assert list(workers[0].devices) == ["GPU:0"] and workers[0].devices["GPU:0"]["memory_mb"] == 5.0
     assert workers[1].devices["GPU:1"]["memory_mb"] == 7.0 and workers[1].host["memory_mb"] == 2.0
+    assert workers[1].run["rows_per_batch"] == 9.0
+
+
+def test_samples_per_second_add_up_the_rows_every_worker_counted():
+    workers = [record([1.0], [1.0]), record([1.0], [1.0])]
+    workers[0].run["rows_per_batch"], workers[1].run["rows_per_batch"] = 8.0, 8.0
+    metrics = rec.flatten(workers, replicas=4)
+    assert metrics["throughput/samples_per_sec"] == 16 * 50.0  # the chief's 50 batches/s
+    assert metrics["throughput/samples_per_sec_per_replica"] == 16 * 50.0 / 4
+    assert rec.flatten(workers, batch_size=32)["throughput/samples_per_sec"] == 32 * 50.0
 
 
 def record(memory, util, host_mb=800.0, run=(20.0, 19.0, 30.0, 50.0)):
@@ -163,7 +173,7 @@ def test_flatten_several_workers_scopes_devices_and_hosts_and_takes_chief_run():
     assert metrics["host/worker1/memory_mb"] == 900.0
     assert metrics["step_time/mean_ms"] == 20.0  # the chief's
     assert metrics["device/utilization_pct_mean"] == 20.0
-    assert "throughput/samples_per_sec" not in metrics  # no batch size given
+    assert np.isnan(metrics["throughput/samples_per_sec"])  # no batch size, no rows counted
     assert "device/GPU:0/memory_mb" not in metrics
 
 
