@@ -194,7 +194,7 @@ def test_api_key_is_never_written_or_printed(wandb_dir, monkeypatch, capfd):
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
 def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, async_save, request):
-    module = pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
+    from keras_mgpu_plugins.callbacks import model_checkpoint as module
     if logger_first and async_save:
         request.applymarker(pytest.mark.xfail(
             strict=True, reason="ModelCheckpoint publishes its last async write in its own "
@@ -217,7 +217,7 @@ def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, as
 
 @pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
 def test_device_metrics_logger_records_land_at_their_steps(wandb_dir, logger_first):
-    module = pytest.importorskip("keras_mgpu_plugins.callbacks.device_metrics_logger")
+    from keras_mgpu_plugins.callbacks import device_metrics_logger as module
     from keras_mgpu_plugins.samplers import ScriptedSampler
 
     sampler = ScriptedSampler([{"GPU:0": {"memory_mb": 100.0 * (i + 1)}} for i in range(50)])

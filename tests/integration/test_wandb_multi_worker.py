@@ -71,8 +71,6 @@ def train(out_dir, mode):
 
 
 def run_job(tmp_path, mode):
-    pytest.importorskip("keras_mgpu_plugins.callbacks.model_checkpoint")
-    pytest.importorskip("keras_mgpu_plugins.callbacks.device_metrics_logger")
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
            "WANDB_API_KEY": SENTINEL,
            "KMP_JOB_ID": None, "WANDB_RUN_GROUP": None, "WANDB_PROJECT": None}
