@@ -1,0 +1,191 @@
+"""Bootstrap of one `kmp.launch` / `kmp-launch` worker process.
+
+Started by the launcher as ``python -m keras_mgpu_plugins._worker SPEC INDEX``,
+in its own session, with `TF_CONFIG` already in its environment. In order, it:
+
+1. watches its parent and, if the parent dies, kills its own process group
+   (itself and anything it started), so a dead launcher leaves no orphans;
+2. reads the launch spec (plain pickle of built-in types: no user module is
+   imported yet) and sets `sys.path` / `sys.argv` as the parent asks;
+3. creates the multi-worker strategy when the job has several workers and the
+   launcher asks for it: TensorFlow requires collective ops to be configured
+   before its runtime starts, i.e. before any user code can run an op;
+4. runs the user's code (a cloudpickled function, a script or a module) and
+   writes the outcome to a private file beside the spec: the function's value,
+   or the exception with its traceback text and the time it happened.
+
+Nothing here imports TensorFlow unless step 3 applies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+
+#: Seconds between two checks that the launcher is still alive.
+PARENT_POLL_INTERVAL = 0.5
+
+_LOAD_HINT = (
+    "kmp.launch could not load fn in this worker. Functions and classes are sent by "
+    "reference to their module when it is importable, so that module must be importable "
+    "from the parent's sys.path; otherwise define them in __main__ or register the "
+    "module with cloudpickle.register_pickle_by_value(module)."
+)
+
+
+def outcome_path(spec_path: str, index: int, kind: str) -> str:
+    """Where worker `index` writes its outcome of `kind` (`"result"` or `"error"`).
+
+    The kind is in the name so the launcher sees a failure without unpickling.
+    """
+    return os.path.join(os.path.dirname(spec_path), f"{kind}-{index}.pkl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one worker. Returns its exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[1].isdigit():
+        print(f"usage: python -m keras_mgpu_plugins._worker SPEC INDEX. Received: {argv}",
+              file=sys.stderr)
+        return 2
+    spec_path, index = argv[0], int(argv[1])
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    _watch_parent(spec["parent_pid"])
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # lines reach the launcher as they are printed
+            stream.reconfigure(line_buffering=True)
+    _restore_env("PYTHONPATH", spec["pythonpath"])
+    errors = outcome_path(spec_path, index, "error")
+    if spec["mode"] == "function":
+        sys.path[:] = spec["sys_path"]
+        return _run_function(spec, outcome_path(spec_path, index, "result"), errors)
+    return _run_program(spec, errors)
+
+
+def _run_function(spec: dict, out: str, errors: str) -> int:
+    stage = "strategy"
+    try:
+        _maybe_create_strategy(spec)
+        stage = "load"
+        with open(spec["payload_path"], "rb") as f:
+            fn, args, kwargs = pickle.load(f)
+        stage = "run"
+        value = fn(*args, **kwargs)
+    except SystemExit as exit_:
+        _write_error(errors, exit_, f"fn called sys.exit({exit_.code!r}) instead of returning.")
+        return _exit_code(exit_)
+    except BaseException as err:  # noqa: B036 - every failure is reported to the parent
+        _write_error(errors, err, _LOAD_HINT if stage == "load" else None)
+        return 1
+    try:
+        import cloudpickle
+
+        data = cloudpickle.dumps(value)
+    except Exception as err:
+        note = f"fn returned a {type(value).__qualname__}, which cannot be pickled back."
+        _write_error(errors, err, note)
+        return 1
+    _write_atomic(out, data)
+    return 0
+
+
+def _run_program(spec: dict, out: str) -> int:
+    target, module = spec["target"], spec["mode"] == "module"
+    sys.argv[:] = [target, *spec["argv"]]
+    if not module:  # as `python script.py`: the script's folder first on sys.path
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    try:
+        _maybe_create_strategy(spec)
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: B036 - printed like Python does, then reported
+        text = _user_traceback(err)
+        print(text, end="", file=sys.stderr)
+        _write_error(out, err, None, text)
+        return 1
+    return 0
+
+
+def _maybe_create_strategy(spec: dict) -> None:
+    if spec["create_strategy"] and spec["num_workers"] > 1:
+        # Created here, before any user code, because TensorFlow can configure
+        # collective ops only before its runtime starts. `get_strategy` caches
+        # it per process, so user code (`kmp.parallelize`) gets this object.
+        from keras_mgpu_plugins.strategy import get_strategy
+
+        get_strategy("multi_worker")
+
+
+def _user_traceback(err: BaseException) -> str:
+    """The traceback text of `err` without the bootstrap's own frames, as Python prints it."""
+    tb = err.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb))
+
+
+def _write_error(out: str, err: BaseException, note: str | None, text: str | None = None) -> None:
+    text = text or _user_traceback(err)
+    if note:
+        text = f"{text.rstrip()}\n\n{note}\n"
+    try:  # pickled apart, so the text still travels if the exception cannot
+        import cloudpickle
+
+        exc_data = cloudpickle.dumps(err)
+    except Exception:
+        exc_data = None
+    try:
+        record = ("error", type(err).__name__, exc_data, time.time(), text)
+        _write_atomic(out, pickle.dumps(record))
+    except OSError:
+        print(text, file=sys.stderr)
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _exit_code(exit_: SystemExit) -> int:
+    if exit_.code is None:
+        return 0
+    return exit_.code if isinstance(exit_.code, int) else 1
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    """Gives user code the parent's value of `name` (the launcher may extend it)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _watch_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_INTERVAL)
+        if os.getpgrp() == os.getpid():  # we lead our group: take our children with us
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kmp-parent-watchdog", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

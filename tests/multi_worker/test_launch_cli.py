@@ -1,0 +1,136 @@
+"""`kmp-launch` / `python -m keras_mgpu_plugins.launch` end to end, with real workers."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.timeout(120)]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, os, pathlib, sys, time
+index = int(os.environ["KMP_WORKER_INDEX"])
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print(f"index={index} task={task} argv={sys.argv[1:]} name={__name__} path0={sys.path[0]}")
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode in ("raise", "exit7", "sleep"):
+    pid_dir = pathlib.Path(sys.argv[2])
+    (pid_dir / f".{index}").write_text(str(os.getpid()))
+    os.replace(pid_dir / f".{index}", pid_dir / f"worker-{index}")
+    if index == 1 and mode != "sleep":
+        while len(list(pid_dir.glob("worker-*"))) < 2:
+            time.sleep(0.02)
+        if mode == "raise":
+            raise RuntimeError("script boom on worker 1")
+        sys.exit(7)
+    time.sleep(60)
+"""
+
+
+def _cli(*args, cwd, module=True, timeout=90):
+    pythonpath = filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
+    command = [sys.executable, "-m", "keras_mgpu_plugins.launch"] if module else [
+        str(pathlib.Path(sys.executable).parent / "kmp-launch")]
+    start = time.monotonic()
+    done = subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return done, time.monotonic() - start
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return path
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_script_runs_as_main_in_each_worker_with_prefixed_output(script, tmp_path):
+    done, _ = _cli("-n", "2", "--no-strategy", str(script), "a", "--flag", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [
+        f"[worker {i}] index={i} task={i} argv=['a', '--flag'] name=__main__ path0={tmp_path}"
+        for i in range(2)
+    ]
+
+
+def test_console_script_runs_a_module_with_m(tmp_path):
+    kmp_launch = pathlib.Path(sys.executable).parent / "kmp-launch"
+    if not kmp_launch.exists():
+        pytest.skip("the kmp-launch console script is not installed next to this Python")
+    (tmp_path / "kmp_cli_mod.py").write_text(
+        "import os, sys\nprint(os.environ['KMP_WORKER_INDEX'], __name__, sys.argv[1:])\n")
+    done, _ = _cli("-n", "3", "--no-strategy", "-m", "kmp_cli_mod", "x", cwd=tmp_path, module=False)
+    assert done.returncode == 0, done.stderr
+    expected = [f"[worker {i}] {i} __main__ ['x']" for i in range(3)]
+    assert sorted(done.stdout.splitlines()) == expected
+
+
+def test_a_failing_worker_stops_the_others_and_sets_the_exit_code(script, tmp_path):
+    done, elapsed = _cli("--no-strategy", str(script), "raise", str(tmp_path), cwd=tmp_path)
+    assert elapsed < 20
+    assert done.returncode == 1
+    assert "[worker 1] RuntimeError: script boom on worker 1" in done.stderr.splitlines()
+    assert "[worker 1]   File " in done.stderr and "runpy" not in done.stderr
+    assert "kmp-launch: worker 1 of 2 raised RuntimeError (exit code 1). " \
+           "The other workers were stopped." in done.stderr
+    assert _gone(int((tmp_path / "worker-0").read_text()))
+
+
+def test_the_exit_code_is_the_first_failing_workers(script, tmp_path):
+    done, elapsed = _cli("--no-strategy", str(script), "exit7", str(tmp_path), cwd=tmp_path)
+    assert elapsed < 20
+    assert done.returncode == 7
+    assert "kmp-launch: worker 1 of 2 exited with code 7." in done.stderr
+    assert _gone(int((tmp_path / "worker-0").read_text()))
+
+
+def test_timeout_stops_the_workers_with_exit_code_124(script, tmp_path):
+    done, elapsed = _cli("--timeout", "1.5", "--no-strategy", str(script), "sleep", str(tmp_path),
+                         cwd=tmp_path)
+    assert elapsed < 15
+    assert done.returncode == 124
+    assert "timeout=1.5" in done.stderr and "[0, 1]" in done.stderr
+    assert all(_gone(int(p.read_text())) for p in tmp_path.glob("worker-*"))
+
+
+def test_help_exits_0_and_documents_n(tmp_path):
+    done, _ = _cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "-n N, --num-workers N" in done.stdout and "-m module" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_tutorial_script_creating_its_own_strategy_runs(tmp_path):
+    pytest.importorskip("keras_mgpu_plugins.strategy")
+    script = tmp_path / "tutorial.py"
+    script.write_text(textwrap.dedent("""
+        import tensorflow as tf
+        from keras_mgpu_plugins.strategy import get_strategy
+        made_by_launcher = get_strategy("multi_worker")
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()  # as in TF's tutorial
+        total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+        replicas = strategy.num_replicas_in_sync
+        print("RESULT", type(made_by_launcher).__name__, replicas, float(total))
+    """))
+    done, _ = _cli("-n", "2", "--timeout", "150", str(script), cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sorted(line for line in done.stdout.splitlines() if "RESULT" in line)
+    assert results == [f"[worker {i}] RESULT CollectiveAllReduceStrategy 2 2.0" for i in range(2)]

@@ -1,0 +1,94 @@
+"""`kmp.launch` argument checks and helpers: errors come before any process starts."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+launch_module = importlib.import_module("keras_mgpu_plugins.launch")
+
+
+@pytest.fixture(autouse=True)
+def no_workers(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("no worker may start in these tests")
+
+    monkeypatch.setattr(launch_module, "_run", fail)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "2", None])
+def test_num_workers_must_be_a_positive_int(value):
+    with pytest.raises(ValueError, match=f"positive integer. Received: num_workers={value!r}$"):
+        launch_module.launch(print, num_workers=value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"fn": 3}, TypeError, "fn must be callable. Received: fn=3"),
+        ({"args": {"a": 1}}, TypeError, "args must be a tuple or a list. Received: args={'a': 1}"),
+        ({"args": "ab"}, TypeError, "Received: args='ab'"),
+        ({"kwargs": [1]}, TypeError, "kwargs must be a dict or None. Received: kwargs=[1]"),
+        ({"timeout": 0}, ValueError, "Received: timeout=0"),
+        ({"timeout": float("inf")}, ValueError, "Received: timeout=inf"),
+        ({"timeout": "5"}, ValueError, "Received: timeout='5'"),
+        ({"env": ["A=1"]}, TypeError, "Received: env=['A=1']"),
+        ({"env": {"A": 1}}, TypeError, "str to str or None. Received: env['A']=1"),
+        ({"env": {"TF_CONFIG": "{}"}}, ValueError, "env may not set TF_CONFIG"),
+        ({"env": {"KMP_WORKER_INDEX": "3"}}, ValueError, "env may not set KMP_WORKER_INDEX"),
+    ],
+)
+def test_bad_arguments_are_named_with_their_value(kwargs, error, message):
+    kwargs = {"fn": print, **kwargs}
+    with pytest.raises(error) as info:
+        launch_module.launch(kwargs.pop("fn"), **kwargs)
+    assert message in str(info.value)
+
+
+def test_kwargs_that_cannot_be_pickled_are_named():
+    import threading
+
+    with pytest.raises(launch_module.NotPicklableError, match="kwargs must be picklable") as info:
+        launch_module.launch(print, kwargs={"lock": threading.Lock()})
+    assert isinstance(info.value, TypeError) and isinstance(info.value, launch_module.LaunchError)
+
+
+def test_free_ports_are_distinct_and_released():
+    import socket
+
+    ports = launch_module._free_ports(4)
+    assert len(set(ports)) == 4
+    for port in ports:  # released: each can be bound again
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_failing_to_find_ports_is_a_launch_error(monkeypatch):
+    def refuse(self, address):
+        raise OSError(99, "Cannot assign requested address")
+
+    monkeypatch.setattr(launch_module.socket.socket, "bind", refuse)
+    with pytest.raises(launch_module.LaunchError, match="Could not find 2 free TCP ports"):
+        launch_module._free_ports(2)
+
+
+def test_exceptions_are_reachable_from_kmp_launch_and_typed():
+    assert kmp.launch.WorkerFailedError is launch_module.WorkerFailedError
+    assert kmp.launch.LaunchTimeoutError is launch_module.LaunchTimeoutError
+    assert issubclass(launch_module.WorkerFailedError, RuntimeError)
+    assert issubclass(launch_module.LaunchTimeoutError, TimeoutError)
+    assert issubclass(launch_module.NotPicklableError, TypeError)
+    err = launch_module.WorkerFailedError(
+        "m", summary="s", worker_index=1, num_workers=2, exitcode=-9)
+    assert (err.signal, err.remote_traceback, err.other_failures) == ("SIGKILL", None, {})
+    assert launch_module.WorkerFailedError(
+        "m", summary="s", worker_index=1, num_workers=2, exitcode=3).signal is None
+
+
+def test_the_module_is_callable_like_the_function():
+    """`kmp.launch` is the module once it was imported by name: calling it still launches."""
+    with pytest.raises(ValueError, match="num_workers=0"):
+        launch_module(print, num_workers=0)
