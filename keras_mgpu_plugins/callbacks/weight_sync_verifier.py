@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,9 @@ ON_MISMATCH = ("raise", "warn", "resync")
 DEFAULT_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
 #: Random-generator states: legitimately per replica, never checked.
 RNG_STATES = ("seed_generator_state",)
+
+# The fingerprint graph of each model, kept for later fits and verifiers (tracing costs ~1 s).
+_tracked_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,15 +295,18 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         variables = list(model.variables)
         optimizer = getattr(model, "optimizer", None)
         optimizer_vars = list(getattr(optimizer, "variables", []) or []) if optimizer else []
-        key = tuple(id(v) for v in variables + optimizer_vars)
+        key = (self.statistics, *(id(v) for v in variables + optimizer_vars))
         if self._tracked is None or self._tracked.key != key:
-            self._tracked = _Tracked(model.distribute_strategy, variables, optimizer_vars,
-                                     self.statistics, key)
-            self._say_replicas(self._tracked)
+            self._tracked = _tracked_by_model.get(model)
+            if self._tracked is None or self._tracked.key != key:
+                self._tracked = _Tracked(model.distribute_strategy, variables, optimizer_vars,
+                                         self.statistics, key)
+                _tracked_by_model[model] = self._tracked
+            self._say_replicas(model.distribute_strategy.num_replicas_in_sync)
         return self._tracked
 
-    def _say_replicas(self, tracked: Any) -> None:
-        if tracked.replicas == 1 and "one replica" not in self._said and collective.is_chief():
+    def _say_replicas(self, replicas: int) -> None:
+        if replicas == 1 and "one replica" not in self._said and collective.is_chief():
             self._said.add("one replica")
             logger.warning("WeightSyncVerifier: the model has one replica (it was built outside any "
                            "tf.distribute strategy scope); %s.", "checking across workers only"

@@ -106,7 +106,7 @@ def test_keras_batch_norm_statistics_drift_after_one_step():
         a, b = (c.numpy() for c in copies(model, var))
         drift[var.name] = float(np.max(np.abs(a - b)))
         np.testing.assert_array_equal(var.numpy(), a)  # what get_weights() and save() see
-    assert 1e-4 < drift["moving_mean"] < 1e-1, drift  # measured: 1.4e-3 (mean), 5.0e-3 (variance)
+    assert 1e-4 < drift["moving_mean"] < 1e-1, drift  # measured here: 4.0e-3 (mean), 4.3e-3 (variance)
     assert 1e-4 < drift["moving_variance"] < 1e-1, drift
 
 
