@@ -10,8 +10,9 @@
 NVML numbers devices in PCI bus order and ignores `CUDA_VISIBLE_DEVICES`; CUDA
 (and so TensorFlow) numbers the visible devices, fastest first unless
 `CUDA_DEVICE_ORDER=PCI_BUS_ID`. TensorFlow's GPU `i` is mapped to NVML through
-`CUDA_VISIBLE_DEVICES` (indices or UUIDs), and a device whose NVML name differs
-from TensorFlow's is not read from NVML (a warning says so).
+`CUDA_VISIBLE_DEVICES` (indices or UUIDs); when it goes by index and
+`CUDA_DEVICE_ORDER` is not `PCI_BUS_ID`, a device whose NVML name differs from
+TensorFlow's is not read from NVML (a warning says so).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class GPUSampler:
         for name in self._devices:
             try:
                 self._tf.config.experimental.reset_memory_stats(name)
-            except (ValueError, RuntimeError):
+            except (ValueError, RuntimeError, self._tf.errors.OpError):
                 pass
 
     def close(self) -> None:
@@ -113,7 +114,7 @@ class GPUSampler:
     def _memory(self, name: str) -> dict[str, float]:
         try:
             info = self._tf.config.experimental.get_memory_info(name)
-        except (ValueError, RuntimeError):
+        except (ValueError, RuntimeError, self._tf.errors.OpError):
             return {}
         return {"memory_mb": info["current"] / MB, "peak_memory_mb": info["peak"] / MB}
 
@@ -161,8 +162,10 @@ class GPUSampler:
         except pynvml.NVMLError as err:
             logger.warning("NVML has no device %r for %s (%s)", target, physical.name, err)
             return None
+        if isinstance(target, str) or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+            return handle  # a UUID, or both number devices in PCI bus order
         tf_name = self._tf.config.experimental.get_device_details(physical).get("device_name")
-        if tf_name and nvml_name and tf_name != nvml_name:
+        if tf_name and nvml_name and tf_name.strip().lower() != str(nvml_name).strip().lower():
             logger.warning(
                 "NVML device %r is a %s but TensorFlow's %s is a %s; set "
                 "CUDA_DEVICE_ORDER=PCI_BUS_ID so both number GPUs alike. Utilisation, "
