@@ -133,7 +133,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         if plot is not None and importlib.util.find_spec("matplotlib") is None:
             raise ImportError(
                 "DeviceMetricsLogger(plot=...) needs matplotlib: "
-                "pip install 'keras_mgpu_plugins[plot]'. Received: plot={plot!r}"
+                f"pip install 'keras_mgpu_plugins[plot]'. Received: plot={plot!r}"
             )
         self.batch_size = batch_size
         self.log_every_n_batches = log_every_n_batches
@@ -193,7 +193,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._thread.sample_now()
         self._readings.append(self._thread.drain())
         if kind == "epoch":
-            seconds, batches = self._epoch_intervals()
+            seconds, batches = _concat(self._intervals)
             readings = np.concatenate([r for r in self._readings if r.size])
         else:
             readings = self._readings[-1]
@@ -206,9 +206,6 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._write(kind, batch, metrics)
         events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
         return workers, metrics
-
-    def _epoch_intervals(self) -> tuple[np.ndarray, np.ndarray]:
-        return _concat(self._intervals)
 
     def _write(self, kind: str, batch: int | None, metrics: dict[str, float]) -> None:
         if not self._chief:
