@@ -88,6 +88,9 @@ def wandb_callbacks(options: dict) -> list:
 
 def train(options: dict) -> dict:
     """One worker's fit (the whole job when there is one worker)."""
+    import keras
+
+    keras.utils.set_random_seed(0)  # the same training whichever callbacks log it
     x, y = make_data()
     model = kmp.parallelize(build_model)()
     make = kmp_callbacks if options["callbacks"] == "kmp" else wandb_callbacks
@@ -113,11 +116,17 @@ def summarize(wandb_dir: str) -> dict:
         "names": sorted(run.name or run.id for run in runs),
         "groups": sorted({run.group for run in runs}),
         "artifacts": sum(len(run.artifacts) for run in runs),
-        "artifact_versions": sum(len({a["digest"] for a in run.artifacts}) for run in runs),
-        "epoch_rows": sum(len([r for r in run.history if "epoch" in r or "epoch/epoch" in r]) for run in runs),
+        "val_accuracy": [round(r["val_accuracy"], 4) for r in _epoch_rows(runs[:1])],
+        "epoch_rows": len(_epoch_rows(runs)),
         "job_config": sorted({k for run in runs for k in ("num_workers", "num_replicas") if k in run.config}),
         "run_dirs": [str(run.path.parent) for run in runs],
     }
+
+
+def _epoch_rows(runs: list) -> list[dict]:
+    """Epoch rows, W&B's callbacks' keys (`epoch/val_accuracy`) renamed to Keras's."""
+    rows = [row for run in runs for row in run.history if "epoch" in row or "epoch/epoch" in row]
+    return [{k.removeprefix("epoch/"): v for k, v in row.items()} for row in rows]
 
 
 def main(argv=None) -> dict:
@@ -141,7 +150,7 @@ def main(argv=None) -> dict:
     print(f"{args.workers} worker(s), {results[0]['replicas']} replicas, callbacks={args.callbacks}"
           + (f", mode={args.mode}" if args.callbacks == "kmp" else ""))
     print(f"val_accuracy {results[0]['val_accuracy']:.3f}")
-    for key in ("runs", "names", "groups", "artifacts", "artifact_versions", "epoch_rows", "job_config"):
+    for key in ("runs", "names", "groups", "val_accuracy", "artifacts", "epoch_rows", "job_config"):
         print(f"{key:>17}: {summary[key]}")
     print("run folders (upload with `wandb sync <folder>`):", *summary["run_dirs"], sep="\n  ")
     return {"results": results, **summary, "dir": out}
