@@ -1,0 +1,157 @@
+"""Checkpoints appear complete or not at all, even when the process is killed mid-save.
+
+The helpers of `keras_mgpu_plugins.callbacks._atomic` are tested on files; the
+callback is tested by killing a real training process (SIGKILL from here, at
+random moments of a loop of saves of a model of a few MB) and loading whatever
+is left under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_mgpu_plugins.callbacks import _atomic
+
+# --- the helpers -------------------------------------------------------------------
+
+
+def test_temp_path_is_hidden_beside_the_target_and_keeps_the_suffix(tmp_path):
+    target = str(tmp_path / "ckpt-01.weights.h5")
+    tmp = _atomic.temp_path(target, ".weights.h5")
+    assert os.path.dirname(tmp) == str(tmp_path)
+    name = os.path.basename(tmp)
+    assert name.startswith(".ckpt-01.kmp-tmp-") and name.endswith(".weights.h5")
+    assert _atomic.is_temp_name(name) and not _atomic.is_temp_name("ckpt-01.weights.h5")
+    assert tmp != _atomic.temp_path(target, ".weights.h5")  # fresh each time
+
+
+def test_atomic_write_moves_the_complete_file_into_place(tmp_path):
+    target = tmp_path / "sub" / "a.bin"
+    seen = []
+
+    def write(path):
+        seen.append(path)
+        assert not target.exists()  # nothing at the final name while writing
+        with open(path, "wb") as f:
+            f.write(b"x" * 1000)
+
+    _atomic.atomic_write(str(target), write, suffix=".bin")
+    assert target.read_bytes() == b"x" * 1000
+    assert os.listdir(target.parent) == ["a.bin"] and not os.path.exists(seen[0])
+
+
+def test_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
+    target = tmp_path / "a.bin"
+    target.write_bytes(b"previous")
+
+    def write(path):
+        with open(path, "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _atomic.atomic_write(str(target), write)
+    assert target.read_bytes() == b"previous" and os.listdir(tmp_path) == ["a.bin"]
+
+
+def test_writable_problem(tmp_path):
+    assert _atomic.writable_problem(str(tmp_path)) is None
+    assert _atomic.writable_problem(str(tmp_path / "not" / "yet")) is None  # would be created
+    (tmp_path / "file").write_text("")
+    assert "is not a folder" in _atomic.writable_problem(str(tmp_path / "file" / "sub"))
+    assert _atomic.writable_problem("gs://bucket/ckpt") is None  # not probed
+    assert os.listdir(tmp_path) == ["file"]  # the probe left nothing
+
+
+# --- SIGKILL during a loop of saves ----------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import numpy as np, keras
+    from keras_mgpu_plugins.callbacks import ModelCheckpoint
+    path, weights_only, async_save = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(512)])
+    model.compile(optimizer="adam", loss="mse")  # ~4 MB of weights, ~12 MB with Adam's slots
+    x = np.random.default_rng(0).normal(size=(32, 512)).astype("float32")
+    checkpoint = ModelCheckpoint(path, save_freq=1, save_weights_only=weights_only,
+                                 async_save=async_save)
+    model.fit(x, x, batch_size=32, epochs=1_000_000, verbose=0, callbacks=[checkpoint])
+    """
+)
+
+KILL_CASES = [  # (file name, weights only, async save)
+    ("ckpt.keras", False, False),
+    ("ckpt.weights.h5", True, False),
+    ("ckpt.h5", False, False),
+    ("ckpt.keras", False, True),
+    ("ckpt.weights.h5", True, True),
+]
+
+
+def model_like_child():
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(512)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
+    script = folder / "child.py"
+    script.write_text(CHILD)
+    path = folder / name
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_CONFIG", None)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(path), str(int(weights_only)), str(int(async_save))],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not path.exists():  # the first checkpoint is complete
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the child never saved"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.5))
+        if in_write:  # wait until a save is under way, then kill at once
+            while not any(_atomic.is_temp_name(n) for n in os.listdir(folder)):
+                time.sleep(0.0005)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    return path, [n for n in os.listdir(folder) if _atomic.is_temp_name(n)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
+    rng = random.Random(os.getpid())
+    leftovers = 0
+    for i, (name, weights_only, async_save) in enumerate(KILL_CASES):
+        folder = tmp_path / f"case{i}"
+        folder.mkdir()
+        path, temps = kill_during_saves(folder, name, weights_only, async_save, i % 2 == 0, rng)
+        leftovers += bool(temps)
+        assert path.exists()  # the checkpoint that was complete before the kill, or a newer one
+        if weights_only:
+            model = model_like_child()
+            model.load_weights(path)
+        else:
+            model = keras.saving.load_model(path, compile=not name.endswith(".h5"))
+        weights = model.get_weights()
+        assert [w.shape for w in weights] == [(512, 1024), (1024,), (1024, 512), (512,)]
+        assert all(np.isfinite(w).all() for w in weights)
+    # the kills did land inside saves: some temporary file was cut short, never the final one
+    assert leftovers >= 1
