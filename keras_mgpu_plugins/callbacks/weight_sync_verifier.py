@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import weakref
@@ -22,6 +23,8 @@ ON_MISMATCH = ("raise", "warn", "resync")
 DEFAULT_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
 #: Random-generator states: legitimately per replica, never checked.
 RNG_STATES = ("seed_generator_state",)
+#: Checks kept in `WeightSyncVerifier.reports`; variables named in one message.
+MAX_REPORTS, MAX_LINES = 1000, 20
 
 # The fingerprint graph of each model, kept for later fits and verifiers (tracing costs ~1 s).
 _tracked_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -175,7 +178,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         self.on_mismatch, self.sync_stats = on_mismatch, bool(sync_stats)
         self.statistics, self.check_on_train_begin = tuple(statistics), check_on_train_begin
         self.last_report: SyncReport | None = None
-        self.reports: list[SyncReport] = []
+        self.reports: collections.deque[SyncReport] = collections.deque(maxlen=MAX_REPORTS)
         self._tracked: Any = None
         self._said: set[str] = set()
         self._epoch, self._synced_epoch = 0, -1
@@ -184,7 +187,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     # --- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.schedule.steps, self.reports = 0, []
+        self.schedule.steps = 0
+        self.reports.clear()
         events.subscribe(self.model, "checkpoint_saved", self._on_checkpoint_saved)
         if self.check_on_train_begin:
             self._check("train begin")
@@ -245,9 +249,9 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         return collective.all_gather(local, strategy)
 
     def _act(self, report: SyncReport, tracked: Any, found: list, references: dict) -> None:
-        lines = "\n  ".join(m.describe() for m in report.mismatches)
         message = (f"Weights out of sync at {report.where}: {len(report.mismatches)} variable(s) "
-                   f"differ from the chief's first replica (worker 0, replica 0):\n  {lines}")
+                   f"differ from the chief's first replica (worker 0, replica 0):\n  "
+                   + _lines(report.mismatches))
         if self.on_mismatch == "raise":
             raise WeightsOutOfSyncError(message, list(report.mismatches))
         if self.on_mismatch == "resync":
@@ -260,7 +264,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             logger.warning(message)
 
     def _report_unsynced(self, report: SyncReport) -> None:
-        lines = "\n  ".join(m.describe() for m in report.unsynced)
+        lines = _lines(report.unsynced)
         first = "unsynced" not in self._said
         self._said.add("unsynced")
         hint = ("" if not first else
@@ -343,7 +347,7 @@ class _Tracked:
         for role, group in (("model", variables), ("optimizer", optimizer_vars)):
             for var in group:
                 name = var.path.rsplit("/", 1)[-1]
-                kind = classify(name, var.trainable, var.synchronization,
+                kind = classify(name, var.trainable, getattr(var, "synchronization", "auto"),
                                 fingerprint.supports(tf.as_dtype(var.dtype)), statistics)
                 if kind is None or id(var) in seen:
                     continue
@@ -364,6 +368,12 @@ def _local_copies(strategy: Any, variable: Any) -> tuple:
     read for fingerprints and written by `"resync"` and `sync_stats`.
     """
     return tuple(strategy.experimental_local_results(variable.value))
+
+
+def _lines(records: Sequence[VariableMismatch]) -> str:
+    shown = [m.describe() for m in records[:MAX_LINES]]
+    more = [f"... and {len(records) - MAX_LINES} more"] if len(records) > MAX_LINES else []
+    return "\n  ".join(shown + more)
 
 
 def _numpy(copy: Any) -> np.ndarray:

@@ -197,3 +197,12 @@ def test_defaults_and_batch_hook_only_when_asked():
     batched = WeightSyncVerifier(every_n_batches=5)
     assert not getattr(batched.on_train_batch_end, "_is_default", False)
     assert batched.schedule.every_n_epochs is None
+
+
+def test_messages_name_the_first_twenty_variables():
+    from keras_mgpu_plugins.callbacks.weight_sync_verifier import _lines
+
+    records = [VariableMismatch(f"v{i}", "model", ((1, 0),), (1.0,)) for i in range(25)]
+    lines = _lines(records).split("\n  ")
+    assert len(lines) == 21 and lines[0].startswith("v0 [model]") and lines[-1] == "... and 5 more"
+    assert _lines(records[:2]).count("\n") == 1
