@@ -183,12 +183,13 @@ def test_drift_during_training_raises_at_the_next_check():
     assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 1", "end of epoch 2"]
 
 
-def test_every_n_batches_checks_at_those_steps():
+@pytest.mark.parametrize("at_begin", [True, False])
+def test_every_n_batches_checks_at_those_steps(at_begin):
     model = mirrored()
-    verifier = WeightSyncVerifier(every_n_batches=3)
+    verifier = WeightSyncVerifier(every_n_batches=3, check_on_train_begin=at_begin)
     fit(model, [verifier], epochs=2)  # 4 steps per epoch
     assert [r.where for r in verifier.reports] == [
-        "train begin", "epoch 1, step 3", "epoch 2, step 6"]
+        "train begin"] * at_begin + ["epoch 1, step 3", "epoch 2, step 6"]
 
 
 def test_warn_logs_and_goes_on(caplog):
