@@ -1,0 +1,218 @@
+"""`kmp.callbacks.ModelCheckpoint` with 2 real workers (`kmp.launch`), one shared folder.
+
+Both workers run the same callback on the same `filepath`. Only the chief
+writes (every call of the atomic writer is recorded in each process, and the
+folder holds each checkpoint once); the other worker reads the variables and
+leaves nothing behind, neither beside the checkpoints nor in its temporary
+folder. When the monitored value differs between workers (a log entry no one
+reduces), both take the chief's decision. A folder the chief cannot write stops
+both workers in `on_train_begin`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
+
+EPOCHS = 3
+FALLING = [3.0, 2.0, 1.0]  # improves every epoch (mode "min"): saves 3 times
+RISING = [10.0, 20.0, 30.0]  # improves once: saves at the first epoch only
+
+
+def train(folder, filepath, chief_values, other_values, template=False, **kwargs):
+    """Runs in each worker: fit with the checkpoint; reports what this process did."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.callbacks import _atomic, events
+
+    index = kmp.topology().worker_index
+    writes = []
+    real_write = _atomic.atomic_write
+
+    def recording_write(path, write, suffix=""):
+        writes.append(path)
+        return real_write(path, write, suffix)
+
+    _atomic.atomic_write = recording_write
+    touched = []  # every Python-level write access to the folder by this process
+
+    def audit(event, args):
+        if event == "open" and isinstance(args[0], str) and args[0].startswith(folder):
+            mode, flags = args[1] or "", args[2] or 0
+            if any(c in mode for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                touched.append(("open", args[0]))
+        elif event in ("os.rename", "os.mkdir", "os.remove") and str(args[0]).startswith(folder):
+            touched.append((event, str(args[-3] if event == "os.rename" else args[0])))
+
+    import sys
+
+    sys.addaudithook(audit)
+
+    def layers():
+        return [keras.Input((4,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(1)]
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential(layers(), name="trained")
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+        return model
+
+    model = build()
+    values = chief_values if index == 0 else other_values
+    bests, weights_by_epoch, seen = [], [], []
+    set_custom = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logs.__setitem__("custom", values[epoch])
+    )
+    if template:
+        template_model = keras.Sequential(layers(), name="template")
+        checkpoint = kmp.callbacks.ParallelModelCheckpoint(
+            template_model, os.path.join(folder, filepath), monitor="custom", mode="min",
+            save_best_only=True, **kwargs,
+        )
+    else:
+        checkpoint = kmp.callbacks.ModelCheckpoint(
+            os.path.join(folder, filepath), monitor="custom", mode="min", save_best_only=True,
+            **kwargs,
+        )
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: (
+            bests.append(float(checkpoint.best)), weights_by_epoch.append(model.get_weights())
+        )
+    )
+    events.subscribe(model, "checkpoint_saved", seen.append)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
+              callbacks=[set_custom, checkpoint, record])
+    return {
+        "index": index,
+        "pid": os.getpid(),
+        "writes": writes,
+        "touched": touched,
+        "events": seen,
+        "bests": bests,
+        "weights_by_epoch": weights_by_epoch,
+        "template": template_model.get_weights() if template else None,
+    }
+
+
+def launch_in(tmp_path, **kwargs):
+    folder, private_tmp = tmp_path / "ckpt", tmp_path / "tmpdir"
+    folder.mkdir()
+    private_tmp.mkdir()
+    results = kmp.launch(train, num_workers=2, args=(str(folder),), kwargs=kwargs, timeout=200,
+                         env={"TMPDIR": str(private_tmp)})
+    return folder, private_tmp, results
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    return launch_in(tmp_path_factory.mktemp("sync"), filepath="c{epoch:02d}.keras",
+                     chief_values=FALLING, other_values=RISING)
+
+
+@pytest.fixture(scope="module")
+def async_template_run(tmp_path_factory):
+    return launch_in(tmp_path_factory.mktemp("async"), filepath="t{epoch:02d}.weights.h5",
+                     chief_values=RISING, other_values=FALLING, template=True,
+                     save_weights_only=True, async_save=True)
+
+
+def assert_same_arrays(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_only_the_chief_writes_each_checkpoint_once(sync_run):
+    folder, _, (chief, other) = sync_run
+    names = ["c01.keras", "c02.keras", "c03.keras"]
+    assert sorted(os.listdir(folder)) == names  # no temporary file, no copy by worker 1
+    assert chief["writes"] == [str(folder / n) for n in names]
+    assert other["writes"] == [] and other["events"] == []
+    assert other["touched"] == []  # worker 1 opened nothing for writing, renamed nothing there
+    assert [p for e, p in chief["touched"] if e == "os.rename"] == [str(folder / n) for n in names]
+    assert [e["path"] for e in chief["events"]] == [str(folder / n) for n in names]
+    assert chief["pid"] != other["pid"]
+
+
+def test_decision_follows_the_chief_on_both_workers(sync_run):
+    _, _, (chief, other) = sync_run
+    # alone, worker 1 (RISING) would keep 10.0 as best and save once
+    assert chief["bests"] == other["bests"] == FALLING
+    assert [(e["epoch"], e["value"], e["is_best"]) for e in chief["events"]] == [
+        (0, 3.0, True), (1, 2.0, True), (2, 1.0, True)
+    ]
+
+
+def test_checkpoints_hold_the_weights_both_workers_trained(sync_run):
+    import keras
+
+    folder, _, (chief, other) = sync_run
+    for epoch in range(EPOCHS):
+        assert_same_arrays(chief["weights_by_epoch"][epoch], other["weights_by_epoch"][epoch])
+        saved = keras.saving.load_model(folder / f"c{epoch + 1:02d}.keras")
+        assert_same_arrays(saved.get_weights(), chief["weights_by_epoch"][epoch])
+
+
+def test_no_worker_leaves_temporary_folders(sync_run, async_template_run):
+    for _, private_tmp, _ in (sync_run, async_template_run):
+        assert os.listdir(private_tmp) == []
+
+
+def test_async_template_saves_once_on_the_chiefs_decision(async_template_run):
+    import keras
+
+    folder, _, (chief, other) = async_template_run
+    assert sorted(os.listdir(folder)) == ["t01.weights.h5"]  # RISING on the chief: epoch 1 only
+    assert chief["writes"] == [str(folder / "t01.weights.h5")] and other["writes"] == []
+    assert other["touched"] == [] and chief["touched"]
+    assert chief["bests"] == other["bests"] == [10.0, 10.0, 10.0]
+    assert [e["epoch"] for e in chief["events"]] == [0] and other["events"] == []
+    template = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(1)]
+    )
+    template.load_weights(folder / "t01.weights.h5")
+    assert_same_arrays(template.get_weights(), chief["weights_by_epoch"][0])
+    # every worker's template received the weights of its last save (epoch 1)
+    assert_same_arrays(chief["template"], chief["weights_by_epoch"][0])
+    assert_same_arrays(other["template"], chief["weights_by_epoch"][0])
+
+
+def check_unwritable(folder):
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = build()
+    path = os.path.join(folder, "a_file", "ckpt.keras") if kmp.topology().is_chief else (
+        os.path.join(folder, "fine", "ckpt.keras")  # only the chief's folder matters
+    )
+    try:
+        model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=1, verbose=0,
+                  callbacks=[kmp.callbacks.ModelCheckpoint(path)])
+    except PermissionError as err:
+        return str(err)
+    return None
+
+
+def test_unwritable_folder_stops_both_workers_before_training(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    chief, other = kmp.launch(check_unwritable, num_workers=2, args=(str(tmp_path),), timeout=200)
+    assert "is not a folder" in chief and "a_file" in chief
+    assert "the chief worker cannot write there" in other
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
