@@ -6,8 +6,9 @@ Rows (each ratio measured within this one run, from medians of repeats):
 
 - `@kmp.parallelize` vs the hand-written strategy scope: step time ratio on
   2 devices (`parallelize_overhead.py`);
-- each callback's overhead: time per step of `fit` with it vs plain `fit`,
-  on the same 2-replica model, its epoch-end work included;
+- each callback's overhead: time per step of `fit` with it vs a plain `fit`
+  run right next to it, on the same 2-replica model, its epoch-end work
+  included (an A/A row, plain vs plain, shows the noise of the machine);
 - weight-sync fingerprint throughput vs `tf.reduce_sum`, both in GB/s
   (`weight_sync_fingerprint.py`);
 - checkpoint: training time blocked per save, synchronous vs `async_save=True`
@@ -49,7 +50,7 @@ SETTINGS = {
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
              "workers": {"repeats": 5, "steps": 40}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
-              "callbacks": {"repeats": 5, "epochs": 2, "steps": 100},
+              "callbacks": {"repeats": 4, "epochs": 2, "steps": 50},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
               "workers": {"repeats": 3, "steps": 20}},
@@ -103,7 +104,37 @@ def callback_setups(folder: str) -> dict:
     return setups
 
 
+def time_hooks(callbacks: list, spent: list[float]) -> list:
+    """Wraps the hooks each callback overrides so their time adds up in `spent[0]`."""
+    import keras
+
+    for callback in callbacks:
+        for name in dir(keras.callbacks.Callback):
+            hook = getattr(callback, name)
+            if not name.startswith("on_") or getattr(hook, "__func__", None) is getattr(
+                    keras.callbacks.Callback, name):
+                continue
+
+            def timed(*args, _hook=hook, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _hook(*args, **kwargs)
+                finally:
+                    spent[0] += time.perf_counter() - start
+
+            setattr(callback, name, timed)
+    return callbacks
+
+
 def bench_callbacks(repeats: int, epochs: int, steps: int, batch: int = 256) -> list[dict]:
+    """Each setup's fit against a plain fit run right next to it (order alternating).
+
+    The ratio of each pair is taken, then the median over `repeats` pairs: a
+    shared machine's load drifts less within a pair than across the run. The
+    "plain fit again" row (an A/A pair) shows how large that noise is. The time
+    spent inside the callbacks' own hooks is measured directly too, as a share
+    of the plain fit beside it: what the training thread pays, whatever the noise.
+    """
     import numpy as np
     from parallelize_overhead import FEATURES, build
 
@@ -115,34 +146,50 @@ def bench_callbacks(repeats: int, epochs: int, steps: int, batch: int = 256) -> 
     y = rng.integers(0, 10, size=len(x)).astype("int64")
     replicas = model.distribute_strategy.num_replicas_in_sync
     with tempfile.TemporaryDirectory(prefix="kmp-bench-") as folder:
-        setups = callback_setups(folder)
-        names, errors = list(setups), {}
+        setups = {"plain fit again": lambda: [], **callback_setups(folder)}
+        names = [name for name in setups if name != "plain fit"]
+        ratios: dict[str, list[float]] = {name: [] for name in names}
+        shares: dict[str, list[float]] = {name: [] for name in names}
+        seconds: dict[str, list[float]] = {name: [] for name in setups}
+        hooks: dict[str, list[float]] = {name: [] for name in setups}
+        errors: dict[str, str] = {}
 
         def per_step(name: str) -> float:
+            spent = [0.0]
+            callbacks = time_hooks(setups[name](), spent)
             start = time.perf_counter()
             model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0,
-                      callbacks=setups[name]())
-            return (time.perf_counter() - start) / (epochs * steps)
+                      callbacks=callbacks)
+            seconds[name].append((time.perf_counter() - start) / (epochs * steps))
+            hooks[name].append(spent[0] / (epochs * steps))
+            return seconds[name][-1]
 
         per_step("plain fit")  # traces the train function for everyone
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(repeats):  # interleaved, rotating, so a busy spell hits every setup
-            for name in names[r % len(names):] + names[: r % len(names)]:
+        seconds["plain fit"].clear()
+        for r in range(repeats):
+            for name in names:
                 if name in errors:
                     continue
                 try:
-                    times[name].append(per_step(name))
+                    if r % 2 == 0:
+                        plain, other = per_step("plain fit"), per_step(name)
+                    else:
+                        other, plain = per_step(name), per_step("plain fit")
                 except Exception as err:  # one broken callback must not hide the others
                     errors[name] = f"{type(err).__name__}: {err}"
-    base = statistics.median(times["plain fit"])
+                    continue
+                ratios[name].append(other / plain)
+                shares[name].append(hooks[name][-1] / plain)
+    base = statistics.median(seconds["plain fit"])
     bench = f"callback overhead vs plain fit ({replicas} replicas, {epochs} epochs x {steps} steps)"
-    rows = [row(bench, "plain fit, time per step", 1e3 * base, "ms", f"median of {repeats} fits")]
-    for name in names[1:]:
+    rows = [row(bench, "plain fit, time per step", 1e3 * base, "ms",
+                f"ratios: medians of {repeats} fits, each paired with a plain fit")]
+    for name in names:
         if name in errors:
             rows.append(row(bench, name, None, "", f"not available: {errors[name][:200]}"))
         else:
-            rows.append(row(bench, name, statistics.median(times[name]) / base, "x",
-                            f"{1e3 * statistics.median(times[name]):.2f} ms/step"))
+            rows.append(row(bench, name, statistics.median(ratios[name]), "x",
+                            f"in its hooks: {100 * statistics.median(shares[name]):.2f}% of a plain fit"))
     return rows
 
 
