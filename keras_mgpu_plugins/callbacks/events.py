@@ -11,7 +11,16 @@ Topics and payloads (stable, documented):
 - `"checkpoint_saved"`: `{"path": str, "epoch": int (0-based, as Keras),
   "batch": int | None, "is_best": bool, "monitor": str, "value": float | None}`,
   published on the training thread after the file is complete at its final name.
-- `"device_metrics"`: `{"epoch": int, "batch": int | None, "metrics": dict[str, float]}`.
+- `"device_metrics"`: `{"epoch": int, "batch": int | None, "metrics": dict[str, float]}`,
+  where `batch` is the number of batches done in the epoch for a batch record, and
+  `None` for the record at epoch end.
+- `"flush"`: `{"reason": "train_end"}`, published by a consumer before it closes
+  (e.g. a W&B run at train end); producers finish pending work synchronously when
+  they receive it and publish what it yields (an async checkpoint completes and its
+  `"checkpoint_saved"` event is published before the consumer closes).
+
+In `"checkpoint_saved"`, `batch` is Keras's 0-based index of the batch just
+finished for a batch-frequency save, `None` for a save at epoch end.
 """
 
 from __future__ import annotations
