@@ -155,6 +155,24 @@ def _write_error(out: str, err: BaseException, note: str | None, text: str | Non
         print(text, file=sys.stderr)
 
 
+def read_error(path: str) -> tuple[str, BaseException | None, float, str] | None:
+    """Reads what `_write_error` wrote: exception type name, exception, wall time, text.
+
+    Returns `None` without a readable record. The exception is `None` when it cannot
+    be unpickled (its class may not exist in the launcher): the text says it all.
+    """
+    try:
+        with open(path, "rb") as f:
+            _, type_name, exc_data, when, text = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, ValueError, EOFError):
+        return None
+    try:
+        exc = pickle.loads(exc_data) if exc_data is not None else None
+    except Exception:
+        exc = None
+    return type_name, exc, when, text
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:

@@ -9,93 +9,30 @@ through a private temporary folder (mode 0700), never over the network.
 The run fails fast: when a worker raises, exits non-zero or dies, every other
 worker, and anything the workers started, is stopped within seconds and the
 first failure is raised with the worker's remote traceback. Workers also stop
-when the launcher itself dies. POSIX only (process groups).
+when the launcher itself dies. POSIX only (process groups). The processes are
+handled in `_supervisor`, the worker side in `_worker`.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
-import json
 import math
 import os
-import pickle
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 import types
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from keras_mgpu_plugins import _worker
+from keras_mgpu_plugins._launch_errors import (
+    LaunchError,
+    LaunchTimeoutError,
+    NotPicklableError,
+    WorkerFailedError,
+)
+from keras_mgpu_plugins._supervisor import run as _run
 
 #: Variables the launcher sets in each worker; `env` may not override them.
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX")
-
-_GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
-_POLL_S = 0.05
-_TAIL_LINES = 20
-_output_lock = threading.Lock()
-
-
-class LaunchError(Exception):
-    """A local multi-worker run could not be started or completed."""
-
-
-class NotPicklableError(LaunchError, TypeError):
-    """`fn`, `args` or `kwargs` cannot be sent to the workers with cloudpickle."""
-
-
-class WorkerFailedError(LaunchError, RuntimeError):
-    """A worker raised, exited non-zero or died; the other workers were stopped.
-
-    Attributes:
-        worker_index: Index of the first worker to fail.
-        num_workers: Number of workers in the run.
-        exitcode: Its exit code; `-N` when killed by signal `N`.
-        signal: Name of that signal (`"SIGKILL"`), or `None`.
-        remote_traceback: Traceback text from the worker, or `None` if it died
-            without reporting one (then the message shows its last stderr lines).
-        remote_exception: The worker's exception, when it could be unpickled.
-        other_failures: Index to exit code of the other workers that failed on
-            their own before being stopped.
-        summary: One-line description of the failure.
-    """
-
-    def __init__(self, message: str, *, summary: str, worker_index: int, num_workers: int,
-                 exitcode: int | None, remote_traceback: str | None = None,
-                 remote_exception: BaseException | None = None,
-                 other_failures: Mapping[int, int | None] | None = None) -> None:
-        super().__init__(message)
-        self.summary = summary
-        self.worker_index = worker_index
-        self.num_workers = num_workers
-        self.exitcode = exitcode
-        self.signal = _signal_name(exitcode)
-        self.remote_traceback = remote_traceback
-        self.remote_exception = remote_exception
-        self.other_failures = dict(other_failures or {})
-
-
-class LaunchTimeoutError(LaunchError, TimeoutError):
-    """The run outlasted its timeout; every worker was stopped.
-
-    Attributes:
-        timeout: The timeout, in seconds.
-        running_workers: Indices of the workers still running at expiry.
-    """
-
-    def __init__(self, message: str, *, timeout: float, running_workers: Sequence[int]) -> None:
-        super().__init__(message)
-        self.timeout = timeout
-        self.running_workers = list(running_workers)
 
 
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
@@ -230,272 +167,6 @@ def _worker_environ(env: Mapping[str, str | None] | None) -> dict[str, str]:
         else:
             environ[key] = value
     return environ
-
-
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1, released before returning."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sockets[-1].bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    except OSError as err:
-        raise LaunchError(f"Could not find {n} free TCP ports on 127.0.0.1 for the workers' "
-                          f"TF_CONFIG: {err}. Received: num_workers={n}") from err
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _signal_name(exitcode: int | None) -> str | None:
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return str(-exitcode)
-
-
-class _Worker:
-    """One worker process: its pipes' relays, outcome files and process group."""
-
-    def __init__(self, index: int, proc: subprocess.Popen, spec_path: str) -> None:
-        self.index, self.proc = index, proc
-        self.result_path = _worker.outcome_path(spec_path, index, "result")
-        self.error_path = _worker.outcome_path(spec_path, index, "error")
-        self.exited_at: float | None = None  # wall time it was seen to exit on its own
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self.relays = [
-            threading.Thread(target=_relay, args=(pipe, index, name, tail), daemon=True)
-            for pipe, name, tail in ((proc.stdout, "stdout", None),
-                                     (proc.stderr, "stderr", self.stderr_tail))
-        ]
-        for relay in self.relays:
-            relay.start()
-
-    def check_exit(self) -> bool:
-        if self.exited_at is None and self.proc.poll() is not None:
-            self.exited_at = time.time()
-        return self.exited_at is not None
-
-    def failed(self, expects_result: bool) -> bool:
-        """Failed on its own (not merely stopped by the launcher)."""
-        if os.path.exists(self.error_path):
-            return True
-        if self.exited_at is None:
-            return False
-        return not os.path.exists(self.result_path) if expects_result else self.proc.returncode != 0
-
-    def error_record(self) -> tuple[str | None, BaseException | None, float | None, str | None]:
-        """The worker's report: exception type name, exception, wall time, traceback text."""
-        try:
-            with open(self.error_path, "rb") as f:
-                _, type_name, exc_data, when, text = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, ValueError, EOFError):
-            return None, None, self.exited_at, None
-        try:
-            exc = pickle.loads(exc_data) if exc_data is not None else None
-        except Exception:  # its class may not exist here: the text says it all
-            exc = None
-        return type_name, exc, when, text
-
-    def group_alive(self) -> bool:
-        """Whether a live (non-zombie) process remains in the worker's process group."""
-        import psutil
-
-        self.proc.poll()
-        try:
-            os.killpg(self.proc.pid, 0)
-        except OSError:
-            return False
-        for pid in psutil.pids():  # zombies wait for a reaper we do not control
-            try:
-                if (os.getpgid(pid) == self.proc.pid
-                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE):
-                    return True
-            except (OSError, psutil.Error):
-                pass
-        return False
-
-    def kill_tree(self, sig: int) -> None:
-        """Signals the worker's process group, and its descendants that left it."""
-        import psutil
-
-        children = []
-        if self.proc.poll() is None:  # not reaped: its pid is still this worker's
-            with contextlib.suppress(psutil.Error):
-                children = psutil.Process(self.proc.pid).children(recursive=True)
-        for target in children:
-            try:
-                target.send_signal(sig)
-            except psutil.Error:
-                pass
-        try:
-            os.killpg(self.proc.pid, sig)
-        except OSError:
-            pass
-
-
-def _relay(pipe: Any, index: int, stream_name: str, tail: collections.deque | None) -> None:
-    prefix = f"[worker {index}] "
-    with pipe:
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\r\n")
-            if tail is not None:
-                tail.append(line)
-            with _output_lock:
-                try:
-                    stream = getattr(sys, stream_name)
-                    stream.write(f"{prefix}{line}\n")
-                    stream.flush()
-                except (AttributeError, OSError, ValueError):
-                    pass  # no usable stream: the line is dropped, the worker goes on
-
-
-def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
-         payload: bytes | None = None) -> list[Any]:
-    """Starts the workers, supervises them, stops them all; returns `fn`'s values."""
-    tmpdir = tempfile.mkdtemp(prefix="kmp-launch-")  # mode 0700: private to this user
-    workers: list[_Worker] = []
-    try:
-        spec_path = os.path.join(tmpdir, "spec.pkl")
-        if payload is not None:
-            spec["payload_path"] = os.path.join(tmpdir, "payload.pkl")
-            with open(spec["payload_path"], "wb") as f:
-                f.write(payload)
-        pythonpath = environ.get("PYTHONPATH")
-        spec.update(parent_pid=os.getpid(), num_workers=num_workers, pythonpath=pythonpath)
-        with open(spec_path, "wb") as f:
-            pickle.dump(spec, f)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        environ = {**environ, "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
-        cluster = {"worker": [f"localhost:{port}" for port in _free_ports(num_workers)]}
-        for index in range(num_workers):
-            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "keras_mgpu_plugins._worker", spec_path, str(index)],
-                env={**environ, "TF_CONFIG": json.dumps(tf_config), "KMP_WORKER_INDEX": str(index)},
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            workers.append(_Worker(index, proc, spec_path))
-        _supervise(workers, timeout, payload is not None)
-        _stop(workers)
-        _raise_first_failure(workers, payload is not None)
-        return [_result(w) for w in workers] if payload is not None else [None] * num_workers
-    finally:
-        _stop(workers)
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool) -> None:
-    """Waits until every worker is done, one fails, or the timeout expires."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        done = [w.check_exit() for w in workers]
-        failing = [w for w in workers if w.failed(expects_result)]
-        if failing:  # a worker that reported an error is exiting: let it finish
-            grace_end = time.monotonic() + _GRACE_S / 2
-            for w in failing:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    w.proc.wait(max(0.0, grace_end - time.monotonic()))
-                w.check_exit()
-            return
-        if all(done):
-            return
-        if deadline is not None and time.monotonic() >= deadline:
-            running = [w.index for w, d in zip(workers, done, strict=True) if not d]
-            _stop(workers)
-            raise LaunchTimeoutError(
-                f"The run did not finish within timeout={timeout!r} seconds; workers "
-                f"{running} were still running. All workers were stopped.",
-                timeout=timeout, running_workers=running,
-            )
-        time.sleep(_POLL_S)
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """SIGTERM, then after a grace period SIGKILL, every worker's process tree."""
-    for w in workers:
-        w.check_exit()  # an exit seen now is the worker's own, not the launcher's doing
-    live = [w for w in workers if w.group_alive()]
-    for w in live:
-        w.kill_tree(signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_S
-    while live and time.monotonic() < deadline and any(w.group_alive() for w in live):
-        time.sleep(_POLL_S)
-    for w in live:
-        if w.group_alive():  # an emptied group's id may be reused: never signal it
-            w.kill_tree(signal.SIGKILL)
-    for w in workers:
-        w.proc.wait()
-    deadline = time.monotonic() + _GRACE_S
-    for w in workers:
-        for relay in w.relays:  # let the last lines out; never hang on an escaped pipe
-            relay.join(max(0.0, deadline - time.monotonic()))
-
-
-def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
-    failures = []
-    for w in workers:
-        if w.failed(expects_result):
-            raised, exc, when, text = w.error_record()
-            failures.append((when if when is not None else time.time(), w, raised, exc, text))
-        elif expects_result and w.proc.returncode != 0 and os.path.exists(w.result_path):
-            warnings.warn(f"Worker {w.index} returned its result, then ended with "
-                          f"{_describe_exit(w.proc.returncode)} while shutting down.",
-                          RuntimeWarning, stacklevel=4)
-    if not failures:
-        return
-    failures.sort(key=lambda f: f[0])
-    _, first, raised, exc, text = failures[0]
-    others = {w.index: w.proc.returncode for _, w, _, _, _ in failures[1:]}
-    summary = f"worker {first.index} of {len(workers)} {_how(first, raised, text, expects_result)}."
-    if others:
-        summary += " Also failed: " + ", ".join(
-            f"worker {w.index} {_how(w, r, t, expects_result)}"
-            for _, w, r, _, t in failures[1:]) + "."
-    if len(failures) < len(workers):
-        summary += " The other workers were stopped."
-    if text is not None:
-        detail = f"Remote traceback of worker {first.index}:\n{text.rstrip()}"
-    elif first.stderr_tail:
-        detail = f"Last lines of worker {first.index}'s stderr:\n" + "\n".join(first.stderr_tail)
-    else:
-        detail = f"Worker {first.index} printed nothing to stderr."
-    raise WorkerFailedError(
-        f"{summary[0].upper()}{summary[1:]}\n\n{detail}", summary=summary,
-        worker_index=first.index, num_workers=len(workers), exitcode=first.proc.returncode,
-        remote_traceback=text, remote_exception=exc, other_failures=others,
-    )
-
-
-def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool) -> str:
-    """How worker `w` failed, e.g. "raised ValueError (exit code 1)"."""
-    code = w.proc.returncode
-    if raised is not None and raised != "SystemExit":
-        return f"raised {raised} (exit code {code})"
-    if code is not None and code < 0:
-        return f"was killed by {_describe_exit(code)}"
-    if text is None and expects_result and code == 0:
-        return "exited with code 0 before fn returned"
-    return f"exited with code {code}"
-
-
-def _describe_exit(code: int | None) -> str:
-    name = _signal_name(code)
-    return f"signal {name} (exit code {code})" if name else f"exit code {code}"
-
-
-def _result(w: _Worker) -> Any:
-    try:
-        with open(w.result_path, "rb") as f:
-            return pickle.load(f)
-    except Exception as err:
-        raise LaunchError(f"The value worker {w.index} returned cannot be unpickled in the "
-                          f"parent: {type(err).__name__}: {err}") from err
 
 
 _CLI_DESCRIPTION = """\

@@ -311,12 +311,12 @@ def test_no_orphans_remain_after_a_failure(tmp_path):
 
 
 def test_unpicklable_fn_fails_before_any_process_starts(monkeypatch):
-    launch_module = importlib.import_module("keras_mgpu_plugins.launch")
+    supervisor_module = importlib.import_module("keras_mgpu_plugins._supervisor")
 
     def no_process(*args, **kwargs):
         raise AssertionError("a worker process was started")
 
-    monkeypatch.setattr(launch_module.subprocess, "Popen", no_process)
+    monkeypatch.setattr(supervisor_module.subprocess, "Popen", no_process)
     lock = threading.Lock()
     with pytest.raises(NotPicklableError, match=r"fn must be picklable.*_thread\.lock") as info:
         _launch(lambda: lock.locked())

@@ -9,6 +9,7 @@ import pytest
 import keras_mgpu_plugins as kmp
 
 launch_module = importlib.import_module("keras_mgpu_plugins.launch")
+supervisor_module = importlib.import_module("keras_mgpu_plugins._supervisor")
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +60,7 @@ def test_kwargs_that_cannot_be_pickled_are_named():
 def test_free_ports_are_distinct_and_released():
     import socket
 
-    ports = launch_module._free_ports(4)
+    ports = supervisor_module.free_ports(4)
     assert len(set(ports)) == 4
     for port in ports:  # released: each can be bound again
         with socket.socket() as s:
@@ -70,9 +71,9 @@ def test_failing_to_find_ports_is_a_launch_error(monkeypatch):
     def refuse(self, address):
         raise OSError(99, "Cannot assign requested address")
 
-    monkeypatch.setattr(launch_module.socket.socket, "bind", refuse)
+    monkeypatch.setattr(supervisor_module.socket.socket, "bind", refuse)
     with pytest.raises(launch_module.LaunchError, match="Could not find 2 free TCP ports"):
-        launch_module._free_ports(2)
+        supervisor_module.free_ports(2)
 
 
 def test_exceptions_are_reachable_from_kmp_launch_and_typed():

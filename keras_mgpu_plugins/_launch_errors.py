@@ -1,0 +1,88 @@
+"""Exceptions of `kmp.launch` and `kmp-launch`, and how a worker's exit is named.
+
+Their public home is `keras_mgpu_plugins.launch`, which re-exports them; they live
+here so that the process supervision (`_supervisor`) can raise them without
+importing the launcher.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+
+
+class LaunchError(Exception):
+    """A local multi-worker run could not be started or completed."""
+
+
+class NotPicklableError(LaunchError, TypeError):
+    """`fn`, `args` or `kwargs` cannot be sent to the workers with cloudpickle."""
+
+
+class WorkerFailedError(LaunchError, RuntimeError):
+    """A worker raised, exited non-zero or died; the other workers were stopped.
+
+    Attributes:
+        worker_index: Index of the first worker to fail.
+        num_workers: Number of workers in the run.
+        exitcode: Its exit code; `-N` when killed by signal `N`.
+        signal: Name of that signal (`"SIGKILL"`), or `None`.
+        remote_traceback: Traceback text from the worker, or `None` if it died
+            without reporting one (then the message shows its last stderr lines).
+        remote_exception: The worker's exception, when it could be unpickled.
+        other_failures: Index to exit code of the other workers that failed on
+            their own before being stopped.
+        summary: One-line description of the failure.
+    """
+
+    def __init__(self, message: str, *, summary: str, worker_index: int, num_workers: int,
+                 exitcode: int | None, remote_traceback: str | None = None,
+                 remote_exception: BaseException | None = None,
+                 other_failures: Mapping[int, int | None] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
+        self.worker_index = worker_index
+        self.num_workers = num_workers
+        self.exitcode = exitcode
+        self.signal = signal_name(exitcode)
+        self.remote_traceback = remote_traceback
+        self.remote_exception = remote_exception
+        self.other_failures = dict(other_failures or {})
+
+
+class LaunchTimeoutError(LaunchError, TimeoutError):
+    """The run outlasted its timeout; every worker was stopped.
+
+    Attributes:
+        timeout: The timeout, in seconds.
+        running_workers: Indices of the workers still running at expiry.
+    """
+
+    def __init__(self, message: str, *, timeout: float, running_workers: Sequence[int]) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        self.running_workers = list(running_workers)
+
+
+# Tracebacks and pickles name them by their public module.
+for _error in (LaunchError, NotPicklableError, WorkerFailedError, LaunchTimeoutError):
+    _error.__module__ = "keras_mgpu_plugins.launch"
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """Name of the signal that killed a process ending with `exitcode` (`-9`: `"SIGKILL"`).
+
+    `None` when it was not killed by a signal (`exitcode` is `None` or non-negative).
+    """
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return str(-exitcode)
+
+
+def describe_exit(code: int | None) -> str:
+    """`"signal SIGKILL (exit code -9)"` or `"exit code 3"`."""
+    name = signal_name(code)
+    return f"signal {name} (exit code {code})" if name else f"exit code {code}"
