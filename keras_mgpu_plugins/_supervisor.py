@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from typing import Any
 
@@ -66,7 +67,10 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         with open(spec_path, "wb") as f:
             pickle.dump(spec, f)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # One id per job, shared by every worker (e.g. a W&B group); kept if already set.
+        job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
         environ = {**environ, "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
+                   "KMP_JOB_ID": job_id,
                    "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
         cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
         for index in range(num_workers):

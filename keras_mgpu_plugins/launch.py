@@ -41,7 +41,8 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     """Runs `fn(*args, **kwargs)` in `num_workers` fresh local worker processes.
 
     Each worker gets `TF_CONFIG` for a localhost cluster of `num_workers`
-    workers, `KMP_LAUNCH_WORKER=1`, `KMP_NUM_WORKERS` and `KMP_WORKER_INDEX`,
+    workers, `KMP_LAUNCH_WORKER=1`, `KMP_NUM_WORKERS`, `KMP_WORKER_INDEX` and
+    `KMP_JOB_ID` (one id for the whole run, the parent's if it has one),
     on top of the parent's environment, working directory and `sys.path`.
     With several workers and `create_strategy=True`, each worker creates its
     `MultiWorkerMirroredStrategy` (`kmp.strategy.get_strategy("multi_worker")`)
@@ -175,7 +176,8 @@ multi-worker job on localhost.
 
 Each worker runs `script.py args...` as __main__, with TF_CONFIG describing a
 cluster of N workers on free localhost ports and this one's index, plus
-KMP_LAUNCH_WORKER=1, KMP_NUM_WORKERS=N and KMP_WORKER_INDEX=i. Unless
+KMP_LAUNCH_WORKER=1, KMP_NUM_WORKERS=N, KMP_WORKER_INDEX=i and KMP_JOB_ID
+(one id for the whole run; the parent's value if set). Unless
 --no-strategy is given, each worker creates its MultiWorkerMirroredStrategy
 before the script starts (TensorFlow needs collective ops configured before
 its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the

@@ -414,3 +414,17 @@ def test_each_worker_has_its_multi_worker_strategy_before_fn_runs():
     pytest.importorskip("keras_mgpu_plugins.strategy")
     results = kmp.launch(_all_reduce_after_a_tf_op, num_workers=2, timeout=200)
     assert results == [("CollectiveAllReduceStrategy", 2, 3.0, 2.0)] * 2
+
+
+def _job_id():
+    return os.environ["KMP_JOB_ID"]
+
+
+def test_every_worker_of_a_run_shares_one_job_id(monkeypatch):
+    monkeypatch.delenv("KMP_JOB_ID", raising=False)
+    first = kmp.launch(_job_id, num_workers=2, create_strategy=False, timeout=60)
+    second = kmp.launch(_job_id, num_workers=2, create_strategy=False, timeout=60)
+    assert first[0] == first[1] and second[0] == second[1]
+    assert first[0] != second[0] and len(first[0]) == 12
+    monkeypatch.setenv("KMP_JOB_ID", "my-job")
+    assert kmp.launch(_job_id, num_workers=2, create_strategy=False, timeout=60) == ["my-job"] * 2
