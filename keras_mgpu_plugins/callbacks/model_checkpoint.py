@@ -26,6 +26,10 @@ What changes against Keras:
 - `async_save=True`: the checkpoint is copied to host memory on the training
   thread and written by one background thread.
 - Each complete checkpoint is published as a `"checkpoint_saved"` event.
+
+The synchronous chief save is Keras's public `model.save`/`save_weights` into
+the temporary file. Asynchronous copies and the non-chief reads go through
+`_checkpoint_io`, which uses Keras's saving internals (same guard test).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 import warnings
 
 import keras
@@ -440,16 +441,16 @@ def test_async_writes_one_at_a_time_and_train_end_waits(tmp_path):
 
     class Recorded(ModelCheckpoint):
         def _write(self, write, filepath):
-            start = len(spans)
-            spans.append([threading.get_ident(), None])
+            start = time.monotonic()
             super()._write(write, filepath)
-            spans[start][1] = sorted(os.listdir(tmp_path))
+            spans.append((threading.get_ident(), start, time.monotonic(), sorted(os.listdir(tmp_path))))
 
     model = get_model()
     fit(model, [Recorded(str(tmp_path / "{epoch}.keras"), async_save=True)], epochs=3)
     assert len(spans) == 3 and all(s[0] != threading.main_thread().ident for s in spans)
-    # each write saw the previous ones finished (one in flight at a time)
-    assert [s[1] for s in spans] == [["1.keras"], ["1.keras", "2.keras"], ["1.keras", "2.keras", "3.keras"]]
+    for previous, following in zip(spans, spans[1:], strict=False):  # one write in flight at a time
+        assert following[1] >= previous[2]
+    assert [s[3] for s in spans] == [["1.keras"], ["1.keras", "2.keras"], ["1.keras", "2.keras", "3.keras"]]
     assert files(tmp_path) == ["1.keras", "2.keras", "3.keras"]  # waited for in on_train_end
     assert_same_arrays(keras.saving.load_model(tmp_path / "3.keras").get_weights(), model.get_weights())
 
