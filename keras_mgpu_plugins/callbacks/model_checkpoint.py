@@ -208,6 +208,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._drain(wait=True)  # a write left by an interrupted fit
+        if self._writer is not None:  # a consumer closing first gets our last checkpoint
+            events.subscribe(self.model, "flush", self._flush)
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         if collective.num_workers() > 1:
@@ -236,6 +238,11 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self._writer is not None:
+            events.unsubscribe(self.model, "flush", self._flush)
+        self._drain(wait=True)
+
+    def _flush(self, payload: dict[str, Any]) -> None:
         self._drain(wait=True)
 
     # --- saving -----------------------------------------------------------------

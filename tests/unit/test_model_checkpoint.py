@@ -455,6 +455,27 @@ def test_async_writes_one_at_a_time_and_train_end_waits(tmp_path):
     assert_same_arrays(keras.saving.load_model(tmp_path / "3.keras").get_weights(), model.get_weights())
 
 
+def test_a_consumer_flushing_first_gets_every_async_checkpoint(tmp_path):
+    model = get_model()
+    received, at_flush = [], []
+
+    class Consumer(keras.callbacks.Callback):
+        """Listed first, closes first (as a W&B run does at train end)."""
+
+        def on_train_begin(self, logs=None):
+            events.subscribe(self.model, "checkpoint_saved", received.append)
+
+        def on_train_end(self, logs=None):
+            events.publish(self.model, "flush", {"reason": "train_end"})
+            at_flush.extend(p["epoch"] for p in received)
+
+    checkpoint = ModelCheckpoint(str(tmp_path / "{epoch}.keras"), async_save=True)
+    fit(model, [Consumer(), checkpoint], epochs=3)
+    assert at_flush == [0, 1, 2]
+    assert [p["epoch"] for p in received] == [0, 1, 2]  # published once each
+    assert_same_arrays(keras.saving.load_model(tmp_path / "3.keras").get_weights(), model.get_weights())
+
+
 def test_no_temporary_files_are_left_behind(tmp_path):
     for async_save in (False, True):
         filepath = str(tmp_path / "{epoch}-{batch}-") + f"{async_save:d}.keras"
