@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -203,6 +204,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.async_save = async_save
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
+        self._flush = _weak_flush(self)  # the channel must not keep this callback alive
 
     # --- hooks ------------------------------------------------------------------
 
@@ -242,8 +244,6 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             events.unsubscribe(self.model, "flush", self._flush)
         self._drain(wait=True)
 
-    def _flush(self, payload: dict[str, Any]) -> None:
-        self._drain(wait=True)
 
     # --- saving -----------------------------------------------------------------
 
@@ -339,6 +339,18 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             yield
         finally:
             self.verbose = verbose
+
+
+def _weak_flush(callback: ModelCheckpoint) -> Any:
+    """A `"flush"` listener: finish the last write and publish it (held weakly)."""
+    ref = weakref.ref(callback)
+
+    def flush(payload: dict[str, Any]) -> None:
+        target = ref()
+        if target is not None:
+            target._drain(wait=True)
+
+    return flush
 
 
 class ParallelModelCheckpoint(ModelCheckpoint):
