@@ -255,6 +255,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         record = self._decide(epoch, batch, logs, filepath)
         if record is None:
             return
+        # On every worker at the same point (the decision is agreed), before anything reads
+        # the weights: listeners may run collectives (e.g. average per-replica statistics).
+        events.publish(self.model, "before_save",
+                       {"epoch": record["epoch"], "batch": record["batch"]})
         chief = collective.is_chief()
         if chief and os.path.isdir(filepath):
             raise OSError(
