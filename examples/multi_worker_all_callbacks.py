@@ -55,7 +55,9 @@ def parse_args(argv=None):
 
 def default_out(topo) -> str:
     """A folder every worker of this job names the same way (and another job does not)."""
-    if topo.cluster_spec:
+    if os.environ.get("KMP_JOB_ID"):  # set by kmp-launch, the same in every worker
+        job = os.environ["KMP_JOB_ID"]
+    elif topo.cluster_spec:
         first = topo.cluster_spec.get("chief", topo.cluster_spec.get("worker"))[0]
         job = first.rpartition(":")[2]
     else:
