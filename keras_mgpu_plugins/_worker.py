@@ -19,6 +19,7 @@ Nothing here imports TensorFlow unless step 3 applies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import runpy
@@ -30,6 +31,7 @@ import traceback
 
 #: Seconds between two checks that the launcher is still alive.
 PARENT_POLL_INTERVAL = 0.5
+EXIT_GRACE_S = 5.0  # for atexit handlers after a failure
 
 _LOAD_HINT = (
     "kmp.launch could not load fn in this worker. Functions and classes are sent by "
@@ -205,5 +207,27 @@ def _watch_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="kmp-parent-watchdog", daemon=True).start()
 
 
+def _exit_after_failure(code: int, grace: float = EXIT_GRACE_S) -> None:
+    """Exits with `code` even when TensorFlow's runtime would hold the interpreter.
+
+    After a failure the collective runtime can block interpreter shutdown (an
+    all-reduce still waits for a peer), and the launcher would then report a kill
+    instead of this exit code. The failure is already recorded; `atexit` handlers
+    (e.g. a W&B run's flush) get `grace` seconds, then the process ends.
+    """
+    import atexit
+
+    finisher = threading.Thread(target=atexit._run_exitfuncs, daemon=True)
+    finisher.start()
+    finisher.join(grace)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code != 0:
+        _exit_after_failure(exit_code)
+    sys.exit(exit_code)

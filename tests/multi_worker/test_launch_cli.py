@@ -134,3 +134,33 @@ def test_a_tutorial_script_creating_its_own_strategy_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     results = sorted(line for line in done.stdout.splitlines() if "RESULT" in line)
     assert results == [f"[worker {i}] RESULT CollectiveAllReduceStrategy 2 2.0" for i in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_worker_raising_mid_fit_exits_1_not_killed(tmp_path):
+    """TF's collective runtime must not hold a failed worker until the launcher kills it."""
+    script = tmp_path / "fit_fails.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import keras, numpy as np
+        import keras_mgpu_plugins as kmp
+
+        @kmp.parallelize
+        def build():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer="sgd", loss="mse")
+            return model
+
+        class Boom(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if epoch == 1 and os.environ["KMP_WORKER_INDEX"] == "1":
+                    raise RuntimeError("boom on worker 1")
+
+        x = np.random.rand(64, 4).astype("float32")
+        build().fit(x, x.sum(1), batch_size=8, epochs=50, verbose=0, callbacks=[Boom()])
+    """))
+    done, _ = _cli("-n", "2", "--timeout", "150", str(script), cwd=tmp_path, timeout=200)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "worker 1 of 2 raised RuntimeError (exit code 1)" in done.stderr
+    assert "[worker 1] RuntimeError: boom on worker 1" in done.stderr
