@@ -11,6 +11,14 @@ Topics and payloads (stable, documented):
 - `"checkpoint_saved"`: `{"path": str, "epoch": int (0-based, as Keras),
   "batch": int | None, "is_best": bool, "monitor": str, "value": float | None}`,
   published on the training thread after the file is complete at its final name.
+- `"before_save"`: `{"epoch": int (0-based), "batch": int | None}`, published by
+  `kmp.callbacks.ModelCheckpoint` on the training thread once it has decided to
+  save, right before it reads the weights, on every worker at the same point (the
+  decision is agreed across workers). Listeners may change the weights to be saved
+  and may run collectives (every worker calls them in the same order), e.g.
+  `WeightSyncVerifier(sync_stats=True)` averages the per-replica statistics then, so
+  the checkpoint holds them whatever the order of the callbacks. Not published
+  for a save that was decided against.
 - `"device_metrics"`: `{"epoch": int, "batch": int | None, "metrics": dict[str, float]}`,
   where `batch` is the number of batches done in the epoch for a batch record, and
   `None` for the record at epoch end.
@@ -19,8 +27,8 @@ Topics and payloads (stable, documented):
   they receive it and publish what it yields (an async checkpoint completes and its
   `"checkpoint_saved"` event is published before the consumer closes).
 
-In `"checkpoint_saved"`, `batch` is Keras's 0-based index of the batch just
-finished for a batch-frequency save, `None` for a save at epoch end.
+In `"checkpoint_saved"` and `"before_save"`, `batch` is Keras's 0-based index of
+the batch just finished for a batch-frequency save, `None` for a save at epoch end.
 """
 
 from __future__ import annotations

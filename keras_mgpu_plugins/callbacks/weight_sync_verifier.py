@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import weakref
 from collections.abc import Sequence
@@ -13,110 +12,30 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, fingerprint
+from keras_mgpu_plugins.callbacks import _weight_sync as _ws
 from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks._weight_sync import (  # public names, re-exported
+    DEFAULT_STATISTICS,
+    MAX_LINES,
+    MAX_REPORTS,
+    ON_MISMATCH,
+    RNG_STATES,
+    CheckSchedule,
+    SyncReport,
+    VariableMismatch,
+    classify,
+    differing_copies,
+)
 from keras_mgpu_plugins.errors import WeightsOutOfSyncError
+
+__all__ = ["DEFAULT_STATISTICS", "MAX_LINES", "MAX_REPORTS", "ON_MISMATCH", "RNG_STATES",
+           "CheckSchedule", "SyncReport", "VariableMismatch", "WeightSyncVerifier", "classify",
+           "differing_copies"]
 
 logger = logging.getLogger(__name__)
 
-ON_MISMATCH = ("raise", "warn", "resync")
-#: Variables Keras keeps per replica (BatchNormalization's moving statistics), by name.
-DEFAULT_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
-#: Random-generator states: legitimately per replica, never checked.
-RNG_STATES = ("seed_generator_state",)
-#: Checks kept in `WeightSyncVerifier.reports`; variables named in one message.
-MAX_REPORTS, MAX_LINES = 1000, 20
-
 # The fingerprint graph of each model, kept for later fits and verifiers (tracing costs ~1 s).
 _tracked_by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@dataclasses.dataclass(frozen=True)
-class VariableMismatch:
-    """One variable whose copies differ from the chief's first replica (worker 0, replica 0).
-
-    Attributes:
-        path: The variable's path, e.g. `"sequential/dense/kernel"`.
-        role: `"model"`, `"optimizer"` or `"statistic"` (per-replica state).
-        copies: `(worker, replica)` of each copy that differs.
-        diffs: Max absolute difference of each of those copies from the reference.
-    """
-
-    path: str
-    role: str
-    copies: tuple[tuple[int, int], ...]
-    diffs: tuple[float, ...] = ()
-
-    @property
-    def max_abs_diff(self) -> float:
-        """The largest difference over every copy (NaN if not computed)."""
-        return max(self.diffs, default=float("nan"))
-
-    def describe(self) -> str:
-        where = [f"worker {w} replica {r}" for w, r in self.copies]
-        if self.diffs:
-            where = [f"{name} (max |diff| {d:.3g})" for name, d in zip(where, self.diffs, strict=True)]
-        return f"{self.path} [{self.role}]: " + ", ".join(where)
-
-
-def differing_copies(fingerprints: np.ndarray) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
-    """Which copies of which variables differ from worker 0's replica 0.
-
-    Args:
-        fingerprints: Shape `(workers, replicas, variables)`.
-
-    Returns:
-        `(variable_index, ((worker, replica), ...))` for each variable with a
-        differing copy, in variable order.
-    """
-    differ = fingerprints != fingerprints[0, 0]
-    return [
-        (int(v), tuple((int(w), int(r)) for w, r in zip(*np.nonzero(differ[:, :, v]), strict=True)))
-        for v in np.flatnonzero(differ.any(axis=(0, 1)))
-    ]
-
-
-def classify(name: str, trainable: bool, synchronization: str, supported: bool,
-             statistics: Sequence[str]) -> str | None:
-    """`"synced"` (must match), `"statistic"` (per replica by Keras's design) or None (skip)."""
-    if not supported or synchronization == "on_read" or name in RNG_STATES:
-        return None
-    return "statistic" if not trainable and name in statistics else "synced"
-
-
-class CheckSchedule:
-    """When to check: every `every_n_epochs` epochs, or every `every_n_batches` steps.
-
-    Steps are counted over the whole fit (across epochs) from the `batch`
-    index Keras passes, so `steps_per_execution > 1` counts right.
-    """
-
-    def __init__(self, every_n_epochs: int | None, every_n_batches: int | None) -> None:
-        self.every_n_epochs, self.every_n_batches = every_n_epochs, every_n_batches
-        self.steps = 0
-        self._seen_in_epoch = 0
-
-    def start_epoch(self) -> None:
-        self._seen_in_epoch = 0
-
-    def after_batch(self, batch: int) -> bool:
-        if not self.every_n_batches:
-            return False
-        before = self.steps
-        self.steps += batch + 1 - self._seen_in_epoch
-        self._seen_in_epoch = batch + 1
-        return self.steps // self.every_n_batches > before // self.every_n_batches
-
-    def after_epoch(self, epoch: int) -> bool:
-        return bool(self.every_n_epochs) and (epoch + 1) % self.every_n_epochs == 0
-
-
-@dataclasses.dataclass(frozen=True)
-class SyncReport:
-    """The outcome of one check: `mismatches` (should match, don't) and `unsynced` statistics."""
-
-    where: str
-    mismatches: tuple[VariableMismatch, ...]
-    unsynced: tuple[VariableMismatch, ...]
 
 
 class WeightSyncVerifier(keras.callbacks.Callback):
@@ -136,9 +55,10 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     per replica by Keras's design (each replica updates its own copy from its
     own batch; `get_weights()` and `save()` return replica 0's): they never
     raise, are reported apart (`last_report.unsynced`), and with
-    `sync_stats=True` are averaged across replicas and workers at each check and
-    at train end, so checkpoints hold statistics of all the data (list this
-    callback before checkpoint callbacks).
+    `sync_stats=True` are averaged across replicas and workers at each check,
+    at train end, and right before each `kmp.callbacks.ModelCheckpoint` save
+    (its `"before_save"` event), so checkpoints hold statistics of all the data
+    whatever the order of the callbacks.
 
     Args:
         every_n_epochs: Check at the end of every n-th epoch (default 1).
@@ -146,7 +66,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         on_mismatch: `"raise"` a `kmp.WeightsOutOfSyncError` on every worker,
             `"warn"` (log and go on), or `"resync"` (copy the chief's first
             replica to every copy and go on).
-        sync_stats: Average the per-replica statistics at each check.
+        sync_stats: Average the per-replica statistics at each check and
+            before each checkpoint save.
         statistics: Names of the non-trainable variables kept per replica.
         check_on_train_begin: Also check before the first step.
 
@@ -163,25 +84,21 @@ class WeightSyncVerifier(keras.callbacks.Callback):
                  statistics: Sequence[str] = DEFAULT_STATISTICS,
                  check_on_train_begin: bool = True) -> None:
         super().__init__()
-        if every_n_epochs is not None and every_n_batches is not None:
-            raise ValueError("Pass every_n_epochs or every_n_batches, not both. Received: "
-                             f"every_n_epochs={every_n_epochs}, every_n_batches={every_n_batches}")
-        for name, value in (("every_n_epochs", every_n_epochs), ("every_n_batches", every_n_batches)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        self.schedule = CheckSchedule.from_arguments(every_n_epochs, every_n_batches)
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {list(ON_MISMATCH)}. "
                              f"Received: on_mismatch={on_mismatch!r}")
-        if every_n_epochs is None and every_n_batches is None:
-            every_n_epochs = 1
-        self.schedule = CheckSchedule(every_n_epochs, every_n_batches)
         self.on_mismatch, self.sync_stats = on_mismatch, bool(sync_stats)
         self.statistics, self.check_on_train_begin = tuple(statistics), check_on_train_begin
         self.last_report: SyncReport | None = None
         self.reports: collections.deque[SyncReport] = collections.deque(maxlen=MAX_REPORTS)
         self._tracked: Any = None
         self._said: set[str] = set()
-        self._epoch, self._synced_epoch = 0, -1
+        self._epoch = 0
+        self._stats_sync = _ws.StatisticsSync()
+        # the channel holds the model weakly: it must not keep this callback (and the model) alive
+        self._listeners = {"before_save": _weak_listener(self, "_before_save"),
+                           "checkpoint_saved": _weak_listener(self, "_on_checkpoint_saved")}
         if every_n_batches is not None:  # a batch hook only when asked: Keras may then dispatch async
             self.on_train_batch_end = self._on_train_batch_end
 
@@ -189,7 +106,10 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.schedule.steps = 0
         self.reports.clear()
-        events.subscribe(self.model, "checkpoint_saved", self._on_checkpoint_saved)
+        self._stats_sync.reset()
+        if self.sync_stats:
+            for topic, listener in self._listeners.items():
+                events.subscribe(self.model, topic, listener)
         if self.check_on_train_begin:
             self._check("train begin")
 
@@ -200,16 +120,33 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.schedule.after_epoch(epoch):
             self._check(f"end of epoch {epoch + 1}")
-            self._synced_epoch = epoch
+            self._stats_sync.done(epoch, None)
 
     def _on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.schedule.after_batch(batch):
             self._check(f"epoch {self._epoch + 1}, step {self.schedule.steps}")
+            self._stats_sync.done(self._epoch, batch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        events.unsubscribe(self.model, "checkpoint_saved", self._on_checkpoint_saved)
+        for topic, listener in self._listeners.items():
+            events.unsubscribe(self.model, topic, listener)
         if self.sync_stats:
             self._check("train end", stats_only=True)
+
+    # --- events from checkpoint callbacks (subscribed with sync_stats) --------------------
+    def _before_save(self, payload: dict) -> None:
+        """Averages the statistics into what is about to be saved, once per save point."""
+        epoch, batch = payload["epoch"], payload.get("batch")
+        if self._stats_sync.needed_before_save(epoch, batch):  # the same answer on every worker
+            self._check(_ws.save_where(epoch, batch), stats_only=True)
+            self._stats_sync.done(epoch, batch)
+
+    def _on_checkpoint_saved(self, payload: dict) -> None:
+        epoch, batch = payload.get("epoch"), payload.get("batch")
+        if (epoch is not None and "order" not in self._said
+                and self._stats_sync.saved_before(epoch, batch, self.schedule.after_epoch(epoch))):
+            self._said.add("order")
+            logger.warning(_ws.saved_before_message(epoch))
 
     # --- the check ----------------------------------------------------------------------
     def _check(self, where: str, stats_only: bool = False) -> None:
@@ -244,48 +181,34 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     def _differences(self, tracked: Any, found: list, references: dict, strategy: Any) -> np.ndarray:
         """(workers, found variables, replicas) max |copy - reference|, the same on every worker."""
-        local = np.array([[_max_abs_diff(_numpy(copy), references[v]) for copy in tracked.copies[v]]
+        local = np.array([[_ws.max_abs_diff(_numpy(copy), references[v]) for copy in tracked.copies[v]]
                           for v, _ in found], dtype=np.float64)
         return collective.all_gather(local, strategy)
 
     def _act(self, report: SyncReport, tracked: Any, found: list, references: dict) -> None:
-        message = (f"Weights out of sync at {report.where}: {len(report.mismatches)} variable(s) "
-                   f"differ from the chief's first replica (worker 0, replica 0):\n  "
-                   + _lines(report.mismatches))
         if self.on_mismatch == "raise":
-            raise WeightsOutOfSyncError(message, list(report.mismatches))
+            raise WeightsOutOfSyncError(_ws.mismatch_message(report), list(report.mismatches))
         if self.on_mismatch == "resync":
             for v, _ in found:
                 if tracked.roles[v] != "statistic":
                     for copy in tracked.copies[v]:
                         _assign(copy, references[v])
-            message += "\nResynchronised every copy from the chief's first replica."
         if collective.is_chief():
-            logger.warning(message)
+            logger.warning(_ws.mismatch_message(report, resynced=self.on_mismatch == "resync"))
 
     def _report_unsynced(self, report: SyncReport) -> None:
-        lines = _lines(report.unsynced)
         first = "unsynced" not in self._said
         self._said.add("unsynced")
-        hint = ("" if not first else
-                "\nKeras keeps these statistics per replica: each replica updates its own copy from "
-                "its own batches, and get_weights()/save() return replica 0's. "
-                + ("They are averaged across replicas and workers now (sync_stats=True)."
-                   if self.sync_stats else "Pass sync_stats=True to average them at each check."))
         if collective.is_chief():
             logger.log(logging.WARNING if first else logging.INFO,
-                       "Per-replica statistics differ at %s:\n  %s%s", report.where, lines, hint)
+                       _ws.unsynced_message(report, first, self.sync_stats))
 
     def _average_statistics(self, tracked: Any, indices: list[int], strategy: Any) -> None:
         """Every copy of each statistic := its mean over all replicas of all workers (one collective)."""
         sums = [np.sum([_numpy(c).astype(np.float64) for c in tracked.copies[v]], axis=0) for v in indices]
-        flat = np.concatenate([s.reshape(-1) for s in sums]) if sums else np.zeros(0)
-        gathered = collective.all_gather(flat, strategy)
-        total = gathered.sum(axis=0) / (gathered.shape[0] * len(tracked.copies[indices[0]]))
-        offset = 0
-        for v, s in zip(indices, sums, strict=True):
-            mean = total[offset : offset + s.size].reshape(s.shape)
-            offset += s.size
+        gathered = collective.all_gather(np.concatenate([s.reshape(-1) for s in sums]), strategy)
+        means = _ws.means_of_sums(gathered, len(tracked.copies[indices[0]]), [s.shape for s in sums])
+        for v, mean in zip(indices, means, strict=True):
             for copy in tracked.copies[v]:
                 _assign(copy, mean)
 
@@ -312,9 +235,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     def _say_replicas(self, replicas: int) -> None:
         if replicas == 1 and "one replica" not in self._said and collective.is_chief():
             self._said.add("one replica")
-            logger.warning("WeightSyncVerifier: the model has one replica (it was built outside any "
-                           "tf.distribute strategy scope); %s.", "checking across workers only"
-                           if collective.num_workers() > 1 else "with one worker, nothing to compare")
+            logger.warning(_ws.one_replica_message(collective.num_workers()))
 
     def _gather_strategy(self) -> Any:
         strategy = self.model.distribute_strategy
@@ -323,16 +244,6 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         from keras_mgpu_plugins import strategy as strategies  # the process's multi-worker one
 
         return strategies.get_strategy("multi_worker")
-
-    def _on_checkpoint_saved(self, payload: dict) -> None:
-        epoch = payload.get("epoch")
-        if (self.sync_stats and payload.get("batch") is None and epoch is not None
-                and epoch > self._synced_epoch and self.schedule.after_epoch(epoch)
-                and "order" not in self._said):
-            self._said.add("order")
-            logger.warning("A checkpoint of epoch %d was saved before WeightSyncVerifier(sync_stats=True) "
-                           "averaged the per-replica statistics: it holds replica 0's. List "
-                           "WeightSyncVerifier before checkpoint callbacks.", epoch + 1)
 
 
 class _Tracked:
@@ -370,22 +281,8 @@ def _local_copies(strategy: Any, variable: Any) -> tuple:
     return tuple(strategy.experimental_local_results(variable.value))
 
 
-def _lines(records: Sequence[VariableMismatch]) -> str:
-    shown = [m.describe() for m in records[:MAX_LINES]]
-    more = [f"... and {len(records) - MAX_LINES} more"] if len(records) > MAX_LINES else []
-    return "\n  ".join(shown + more)
-
-
 def _numpy(copy: Any) -> np.ndarray:
     return np.asarray(copy.numpy())
-
-
-def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
-    if a.size == 0:
-        return 0.0
-    if a.dtype == np.bool_:
-        a, b = a.astype(np.int8), np.asarray(b).astype(np.int8)
-    return float(np.max(np.abs(a.astype(np.float64) - np.asarray(b, dtype=np.float64))))
 
 
 def _assign(copy: Any, value: np.ndarray) -> None:
@@ -393,3 +290,15 @@ def _assign(copy: Any, value: np.ndarray) -> None:
 
     with tf.device(copy.device):
         copy.assign(tf.constant(np.asarray(value).astype(copy.dtype.as_numpy_dtype)))
+
+
+def _weak_listener(callback: WeightSyncVerifier, method: str) -> Any:
+    """An events listener calling `callback.<method>(payload)`, holding `callback` weakly."""
+    ref = weakref.ref(callback)
+
+    def listener(payload: dict) -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, method)(payload)
+
+    return listener

@@ -6,7 +6,9 @@ way a faulty device or a forgotten per-replica update would leave it.
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import keras
 import numpy as np
@@ -19,13 +21,14 @@ from keras_mgpu_plugins.callbacks.weight_sync_verifier import WeightSyncVerifier
 LOGGER = "keras_mgpu_plugins.callbacks.weight_sync_verifier"
 
 
-def build_model(batch_norm=True, optimizer="adam"):
+def build_model(batch_norm=True, optimizer="adam", compile=True):
     keras.utils.set_random_seed(0)
     layers = [keras.Input((6,)), keras.layers.Dense(8, activation="relu")]
     if batch_norm:
         layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.2)]
     model = keras.Sequential([*layers, keras.layers.Dense(1)])
-    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    if compile:
+        model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     return model
 
 
@@ -230,8 +233,135 @@ def test_model_outside_any_strategy_says_one_replica_once(caplog):
     assert all(r.mismatches == () and r.unsynced == () for r in verifier.reports)
 
 
-def test_checkpoint_saved_before_statistics_were_averaged_is_told(caplog):
-    class FakeCheckpoint(keras.callbacks.Callback):  # publishes as kmp.callbacks.ModelCheckpoint does
+# --- sync_stats and checkpoints: order does not matter -----------------------------------
+
+
+def statistics(model):
+    bn = model.layers[1]
+    return [bn.moving_mean, bn.moving_variance]
+
+
+def replica_values(model):
+    return [[c.numpy() for c in copies(model, var)] for var in statistics(model)]
+
+
+def replica_average(values):
+    """The mean over replicas as the verifier computes it: float64 sum, divided, cast back."""
+    return (np.sum([v.astype(np.float64) for v in values], axis=0) / len(values)).astype(values[0].dtype)
+
+
+def saved_statistics(path):
+    plain = build_model(compile=False)
+    plain.load_weights(path)
+    return [var.numpy() for var in statistics(plain)]
+
+
+class SaveProbe(keras.callbacks.Callback):
+    """Listed first: sees each replica's statistics when a save begins (before any listener
+    subscribed after it), and again at the very end of each epoch when listed last."""
+
+    def __init__(self):
+        super().__init__()
+        self.at_save, self.at_epoch_end = [], []
+
+    def on_train_begin(self, logs=None):
+        events.subscribe(self.model, "before_save", self.seen)
+
+    def seen(self, payload):
+        self.at_save.append((payload, replica_values(self.model)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.at_epoch_end.append(replica_values(self.model))
+
+    def on_train_end(self, logs=None):
+        events.unsubscribe(self.model, "before_save", self.seen)
+
+
+def checkpoint_fit(directory, verifier_first, epochs=2, **checkpoint_kwargs):
+    model = mirrored()
+    probe, tail = SaveProbe(), SaveProbe()
+    checkpoint = kmp.callbacks.ModelCheckpoint(str(directory / "{epoch}.weights.h5"),
+                                               save_weights_only=True, **checkpoint_kwargs)
+    verifier = WeightSyncVerifier(sync_stats=True)
+    pair = [verifier, checkpoint] if verifier_first else [checkpoint, verifier]
+    fit(model, [probe, *pair, tail], epochs=epochs)
+    return model, probe, tail, verifier
+
+
+def test_checkpoint_listed_first_holds_the_averaged_statistics(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        model, probe, tail, verifier = checkpoint_fit(tmp_path, verifier_first=False)
+    assert [payload for payload, _ in probe.at_save] == [
+        {"epoch": 0, "batch": None}, {"epoch": 1, "batch": None}]
+    for epoch, (_, at_save) in enumerate(probe.at_save):
+        saved = saved_statistics(tmp_path / f"{epoch + 1}.weights.h5")
+        for values, in_file, after in zip(at_save, saved, tail.at_epoch_end[epoch], strict=True):
+            assert not np.array_equal(values[0], values[1])  # the replicas had drifted apart
+            np.testing.assert_array_equal(in_file, replica_average(values))  # to the bit
+            for copy in after:  # and the model holds what was saved, on every replica
+                np.testing.assert_array_equal(copy, in_file)
+    # averaged before each save; the end-of-epoch checks then find every copy equal
+    assert [r.where for r in verifier.reports] == [
+        "train begin", "before save, end of epoch 1", "end of epoch 1",
+        "before save, end of epoch 2", "end of epoch 2", "train end"]
+    assert [len(r.unsynced) for r in verifier.reports] == [0, 2, 0, 2, 0, 0]
+    assert all(r.mismatches == () for r in verifier.reports)
+    assert "was saved before" not in caplog.text and "List WeightSyncVerifier" not in caplog.text
+    weights = dict(zip([v.path for v in model.weights], model.get_weights(), strict=True))
+    for var, in_file in zip(statistics(model), saved_statistics(tmp_path / "2.weights.h5"), strict=True):
+        np.testing.assert_array_equal(weights[var.path], in_file)
+
+
+def test_the_order_of_checkpoint_and_verifier_changes_no_saved_bit(tmp_path):
+    first, second = tmp_path / "checkpoint_first", tmp_path / "verifier_first"
+    *_, verifier_last = checkpoint_fit(first, verifier_first=False)
+    _, probe, _, verifier = checkpoint_fit(second, verifier_first=True)
+    for epoch in (1, 2):
+        name = f"{epoch}.weights.h5"
+        with_order = [saved_statistics(d / name) for d in (first, second)]
+        for a, b in zip(*with_order, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # listed first, the verifier averaged at its check: the save found nothing left to do
+    assert [r.where for r in verifier.reports] == [
+        "train begin", "end of epoch 1", "end of epoch 2", "train end"]
+    for _, at_save in probe.at_save:
+        for values in at_save:
+            np.testing.assert_array_equal(values[0], values[1])
+    assert len(verifier_last.reports) == 6
+
+
+def test_batch_frequency_saves_hold_the_average_at_that_step(tmp_path):
+    model = mirrored()
+    probe = SaveProbe()
+    checkpoint = kmp.callbacks.ModelCheckpoint(str(tmp_path / "{epoch}-{batch}.weights.h5"),
+                                               save_weights_only=True, save_freq=2)
+    verifier = WeightSyncVerifier(sync_stats=True)  # checks at epoch end only
+    fit(model, [probe, checkpoint, verifier], epochs=1)  # 4 steps: saves after steps 2 and 4
+    assert [payload for payload, _ in probe.at_save] == [
+        {"epoch": 0, "batch": 1}, {"epoch": 0, "batch": 3}]
+    for (_, at_save), name in zip(probe.at_save, ("1-2", "1-4"), strict=True):
+        for values, in_file in zip(at_save, saved_statistics(tmp_path / f"{name}.weights.h5"),
+                                   strict=True):
+            assert not np.array_equal(values[0], values[1])
+            np.testing.assert_array_equal(in_file, replica_average(values))
+    assert [r.where for r in verifier.reports][1:3] == [
+        "before save, epoch 1, batch 2", "before save, epoch 1, batch 4"]
+
+
+def test_without_sync_stats_the_checkpoint_keeps_replica_zeros_statistics(tmp_path):
+    model = mirrored()
+    probe = SaveProbe()
+    checkpoint = kmp.callbacks.ModelCheckpoint(str(tmp_path / "{epoch}.weights.h5"),
+                                               save_weights_only=True)
+    fit(model, [probe, checkpoint, WeightSyncVerifier()], epochs=1)
+    ((_, at_save),) = probe.at_save
+    for values, in_file in zip(at_save, saved_statistics(tmp_path / "1.weights.h5"), strict=True):
+        assert not np.array_equal(values[0], values[1])
+        np.testing.assert_array_equal(in_file, values[0])  # as Keras saves: replica 0's
+
+
+def test_a_checkpoint_callback_without_before_save_is_told_to_come_after(caplog):
+    class FakeCheckpoint(keras.callbacks.Callback):  # publishes "checkpoint_saved" only
         def on_epoch_end(self, epoch, logs=None):
             events.publish(self.model, "checkpoint_saved", {
                 "path": "m.keras", "epoch": epoch, "batch": None, "is_best": True,
@@ -240,7 +370,21 @@ def test_checkpoint_saved_before_statistics_were_averaged_is_told(caplog):
     model = mirrored()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         fit(model, [WeightSyncVerifier(sync_stats=True), FakeCheckpoint()], epochs=2)
-    assert "before WeightSyncVerifier" not in caplog.text
+    assert "was saved before" not in caplog.text
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         fit(model, [FakeCheckpoint(), WeightSyncVerifier(sync_stats=True)], epochs=2)
-    assert caplog.text.count("List WeightSyncVerifier before checkpoint callbacks") == 1
+    assert caplog.text.count("A checkpoint of epoch 1 was saved before") == 1
+    assert 'does not publish the "before_save" event' in caplog.text
+
+
+def test_a_failed_fit_leaves_no_listener_keeping_the_verifier_alive():
+    model = mirrored()
+    nudge(model, model.layers[0].kernel)
+    verifier = WeightSyncVerifier(sync_stats=True)
+    with pytest.raises(kmp.WeightsOutOfSyncError):
+        fit(model, [verifier])  # raises at train begin: on_train_end never unsubscribes
+    ref = weakref.ref(verifier)
+    del verifier
+    gc.collect()
+    assert ref() is None
+    events.publish(model, "before_save", {"epoch": 0, "batch": None})  # a dead listener: no-op

@@ -8,6 +8,7 @@ launch lets the error escape, as a user's script would.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -24,14 +25,15 @@ def make_data(n=32):
     return x, (x @ rng.normal(size=(5, 1))).astype("float32")
 
 
-def build_model(batch_norm=False):
+def build_model(batch_norm=False, compile=True):
     import keras  # unseeded initialisers: each worker draws its own
 
     layers = [keras.Input((5,)), keras.layers.Dense(6, activation="relu")]
     if batch_norm:
         layers += [keras.layers.BatchNormalization(), keras.layers.Dropout(0.2)]
     model = keras.Sequential([*layers, keras.layers.Dense(1)])
-    model.compile(optimizer="adam", loss="mse")
+    if compile:
+        model.compile(optimizer="adam", loss="mse")
     return model
 
 
@@ -48,10 +50,11 @@ def nudge(model, variable, by):
     copy.assign(copy.numpy() + by)
 
 
-def scenarios():
+def scenarios(directory):
     import keras
 
     from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins.callbacks import events
     from keras_mgpu_plugins.callbacks.weight_sync_verifier import WeightSyncVerifier
 
     rank = collective.worker_index()
@@ -124,12 +127,34 @@ def scenarios():
     history = fit(model, [verifier], epochs=2)
     out["warn"] = {"reports": summary(verifier), "epochs": len(history.history["loss"]), "path": bias.path,
                    "logs": logs[start:]}
+
+    # 6. ModelCheckpoint listed BEFORE WeightSyncVerifier(sync_stats=True): every worker
+    # averages the statistics at the checkpoint's "before_save" event, then the chief saves
+    model = kmp.parallelize(build_model)(batch_norm=True)
+    bn = model.layers[1]
+
+    def local_statistics():
+        return [[c.numpy() for c in model.distribute_strategy.experimental_local_results(v.value)]
+                for v in (bn.moving_mean, bn.moving_variance)]
+
+    seen = []  # subscribed before the verifier: this worker's copies before averaging
+    events.subscribe(model, "before_save", lambda payload: seen.append((payload, local_statistics())))
+    verifier = WeightSyncVerifier(sync_stats=True)
+    checkpoint = kmp.callbacks.ModelCheckpoint(os.path.join(directory, "{epoch}.weights.h5"),
+                                               save_weights_only=True)
+    fit(model, [checkpoint, verifier], epochs=2)
+    out["checkpoint"] = {"seen": seen, "after": local_statistics(), "reports": summary(verifier)}
     return out
 
 
 @pytest.fixture(scope="module")
-def results():
-    return kmp.launch(scenarios, num_workers=2, timeout=220)
+def checkpoints(tmp_path_factory):
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="module")
+def results(checkpoints):
+    return kmp.launch(scenarios, num_workers=2, args=(str(checkpoints),), timeout=220)
 
 
 def test_no_false_alarm_with_batch_norm_dropout_adam(results):
@@ -193,6 +218,31 @@ def test_warn_logs_on_the_chief_and_goes_on(results):
     assert [len(m) for _, m, _ in first["reports"]] == [1, 1, 1]
     assert len(first["logs"]) == 3 and all(first["path"] in line for line in first["logs"])
     assert second["logs"] == []
+
+
+def test_checkpoint_listed_first_saves_the_average_over_both_workers(results, checkpoints):
+    first, second = (r["checkpoint"] for r in results)
+    assert [p for p, _ in first["seen"]] == [p for p, _ in second["seen"]] == [
+        {"epoch": 0, "batch": None}, {"epoch": 1, "batch": None}]  # every worker, same points
+    assert sorted(os.listdir(checkpoints)) == ["1.weights.h5", "2.weights.h5"]
+    plain = build_model(batch_norm=True, compile=False)
+    for epoch in (0, 1):
+        plain.load_weights(str(checkpoints / f"{epoch + 1}.weights.h5"))
+        bn = plain.layers[1]
+        saved = [bn.moving_mean.numpy(), bn.moving_variance.numpy()]
+        for i, in_file in enumerate(saved):
+            (a,), (b,) = first["seen"][epoch][1][i], second["seen"][epoch][1][i]  # one replica each
+            assert not np.array_equal(a, b)  # the workers' statistics had drifted apart
+            average = ((a.astype(np.float64) + b.astype(np.float64)) / 2).astype(a.dtype)
+            np.testing.assert_array_equal(in_file, average)  # to the bit
+    for worker in (first, second):  # and every worker holds what was saved last
+        for (copy,), in_file in zip(worker["after"], saved, strict=True):
+            np.testing.assert_array_equal(copy, in_file)
+    assert first["reports"] == second["reports"]
+    assert [r[0] for r in first["reports"]] == [
+        "train begin", "before save, end of epoch 1", "end of epoch 1",
+        "before save, end of epoch 2", "end of epoch 2", "train end"]
+    assert [len(r[2]) for r in first["reports"]] == [0, 2, 0, 2, 0, 0]
 
 
 def raise_through():

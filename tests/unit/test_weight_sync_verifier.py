@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins import fingerprint as fp
+from keras_mgpu_plugins.callbacks import _weight_sync, weight_sync_verifier
+from keras_mgpu_plugins.callbacks._weight_sync import StatisticsSync, means_of_sums, save_where
 from keras_mgpu_plugins.callbacks.weight_sync_verifier import (
     CheckSchedule,
     VariableMismatch,
@@ -200,9 +205,79 @@ def test_defaults_and_batch_hook_only_when_asked():
 
 
 def test_messages_name_the_first_twenty_variables():
-    from keras_mgpu_plugins.callbacks.weight_sync_verifier import _lines
-
     records = [VariableMismatch(f"v{i}", "model", ((1, 0),), (1.0,)) for i in range(25)]
-    lines = _lines(records).split("\n  ")
+    lines = _weight_sync.lines(records).split("\n  ")
     assert len(lines) == 21 and lines[0].startswith("v0 [model]") and lines[-1] == "... and 5 more"
-    assert _lines(records[:2]).count("\n") == 1
+    assert _weight_sync.lines(records[:2]).count("\n") == 1
+
+
+def test_messages_read_as_before_the_split():
+    mismatch = VariableMismatch("d/kernel", "model", ((1, 0),), (0.5,))
+    statistic = VariableMismatch("bn/moving_mean", "statistic", ((0, 1),), (0.25,))
+    report = _weight_sync.SyncReport("end of epoch 2", (mismatch,), (statistic,))
+    assert _weight_sync.mismatch_message(report) == (
+        "Weights out of sync at end of epoch 2: 1 variable(s) differ from the chief's first "
+        "replica (worker 0, replica 0):\n  d/kernel [model]: worker 1 replica 0 (max |diff| 0.5)")
+    assert _weight_sync.mismatch_message(report, resynced=True).endswith(
+        "\nResynchronised every copy from the chief's first replica.")
+    later = _weight_sync.unsynced_message(report, first=False, sync_stats=True)
+    assert later == ("Per-replica statistics differ at end of epoch 2:\n  "
+                     "bn/moving_mean [statistic]: worker 0 replica 1 (max |diff| 0.25)")
+    assert _weight_sync.unsynced_message(report, True, True).endswith("now (sync_stats=True).")
+    assert _weight_sync.unsynced_message(report, True, False).endswith(
+        "Pass sync_stats=True to average them at each check.")
+    assert _weight_sync.one_replica_message(2).endswith("; checking across workers only.")
+    assert _weight_sync.one_replica_message(1).endswith("; with one worker, nothing to compare.")
+    assert _weight_sync.saved_before_message(2).startswith("A checkpoint of epoch 3 was saved before")
+
+
+def test_pure_logic_imports_no_keras_and_public_names_stay_importable():
+    tree = ast.parse(inspect.getsource(_weight_sync))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported == {"__future__", "dataclasses", "collections", "numpy"}
+    for name in ("VariableMismatch", "SyncReport", "differing_copies", "classify", "CheckSchedule",
+                 "DEFAULT_STATISTICS", "RNG_STATES", "ON_MISMATCH", "MAX_REPORTS", "MAX_LINES"):
+        assert getattr(weight_sync_verifier, name) is getattr(_weight_sync, name), name
+        assert name in weight_sync_verifier.__all__
+
+
+def test_means_of_sums_over_workers_and_replicas():
+    # 2 workers x 2 replicas; variables of shapes (2,) and () flattened one after another
+    copies = np.array([[[1.0, 2.0, 10.0], [3.0, 4.0, 20.0]], [[5.0, 6.0, 30.0], [7.0, 8.0, 40.0]]])
+    gathered = copies.sum(axis=1)  # what each worker all-gathers: its sum over its replicas
+    mean, scalar = means_of_sums(gathered, replicas=2, shapes=[(2,), ()])
+    np.testing.assert_array_equal(mean, [4.0, 5.0])
+    assert scalar.shape == () and float(scalar) == 25.0
+    (one,) = means_of_sums(np.array([[0.5, 1.5]]), replicas=1, shapes=[(1, 2)])
+    np.testing.assert_array_equal(one, [[0.5, 1.5]])
+
+
+def test_statistics_are_averaged_once_per_save_point():
+    sync = StatisticsSync()
+    assert sync.needed_before_save(0, None)
+    sync.done(0, None)  # the verifier's own check at the end of epoch 1
+    assert not sync.needed_before_save(0, None)  # a checkpoint listed after it
+    assert sync.needed_before_save(1, None) and sync.needed_before_save(0, 3)
+    sync.done(1, 3)  # before a batch-frequency save
+    assert not sync.needed_before_save(1, 3) and sync.needed_before_save(1, None)
+    assert sync.epoch == 0  # a batch point does not count as the epoch's end
+    sync.reset()
+    assert sync.needed_before_save(0, None) and sync.epoch == -1
+
+
+def test_saved_before_averaging_only_at_unsynced_check_epochs():
+    sync = StatisticsSync()
+    assert sync.saved_before(0, None, check_due=True)  # no averaging yet at that epoch
+    assert not sync.saved_before(0, None, check_due=False)  # not a check epoch: not promised
+    assert not sync.saved_before(0, 5, check_due=True)  # batch saves are not promised either
+    sync.done(0, None)
+    assert not sync.saved_before(0, None, check_due=True)
+    assert sync.saved_before(1, None, check_due=True)
+
+
+def test_save_where_names_the_save_point_as_keras_counts():
+    assert save_where(0, None) == "before save, end of epoch 1"
+    assert save_where(2, 3) == "before save, epoch 3, batch 4"

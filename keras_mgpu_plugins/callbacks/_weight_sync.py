@@ -1,0 +1,217 @@
+"""WeightSyncVerifier's decisions and messages as pure functions: numpy only, no Keras."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+ON_MISMATCH = ("raise", "warn", "resync")
+#: Variables Keras keeps per replica (BatchNormalization's moving statistics), by name.
+DEFAULT_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
+#: Random-generator states: legitimately per replica, never checked.
+RNG_STATES = ("seed_generator_state",)
+#: Checks kept in `WeightSyncVerifier.reports`; variables named in one message.
+MAX_REPORTS, MAX_LINES = 1000, 20
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableMismatch:
+    """One variable whose copies differ from the chief's first replica (worker 0, replica 0).
+
+    Attributes:
+        path: The variable's path, e.g. `"sequential/dense/kernel"`.
+        role: `"model"`, `"optimizer"` or `"statistic"` (per-replica state).
+        copies: `(worker, replica)` of each copy that differs.
+        diffs: Max absolute difference of each of those copies from the reference.
+    """
+
+    path: str
+    role: str
+    copies: tuple[tuple[int, int], ...]
+    diffs: tuple[float, ...] = ()
+
+    @property
+    def max_abs_diff(self) -> float:
+        """The largest difference over every copy (NaN if not computed)."""
+        return max(self.diffs, default=float("nan"))
+
+    def describe(self) -> str:
+        where = [f"worker {w} replica {r}" for w, r in self.copies]
+        if self.diffs:
+            where = [f"{name} (max |diff| {d:.3g})" for name, d in zip(where, self.diffs, strict=True)]
+        return f"{self.path} [{self.role}]: " + ", ".join(where)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncReport:
+    """The outcome of one check: `mismatches` (should match, don't) and `unsynced` statistics."""
+
+    where: str
+    mismatches: tuple[VariableMismatch, ...]
+    unsynced: tuple[VariableMismatch, ...]
+
+
+def differing_copies(fingerprints: np.ndarray) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    """Which copies of which variables differ from worker 0's replica 0.
+
+    Args:
+        fingerprints: Shape `(workers, replicas, variables)`.
+
+    Returns:
+        `(variable_index, ((worker, replica), ...))` for each variable with a
+        differing copy, in variable order.
+    """
+    differ = fingerprints != fingerprints[0, 0]
+    return [
+        (int(v), tuple((int(w), int(r)) for w, r in zip(*np.nonzero(differ[:, :, v]), strict=True)))
+        for v in np.flatnonzero(differ.any(axis=(0, 1)))
+    ]
+
+
+def classify(name: str, trainable: bool, synchronization: str, supported: bool,
+             statistics: Sequence[str]) -> str | None:
+    """`"synced"` (must match), `"statistic"` (per replica by Keras's design) or None (skip)."""
+    if not supported or synchronization == "on_read" or name in RNG_STATES:
+        return None
+    return "statistic" if not trainable and name in statistics else "synced"
+
+
+class CheckSchedule:
+    """When to check: every `every_n_epochs` epochs, or every `every_n_batches` steps.
+
+    Steps are counted over the whole fit (across epochs) from the `batch`
+    index Keras passes, so `steps_per_execution > 1` counts right.
+    """
+
+    def __init__(self, every_n_epochs: int | None, every_n_batches: int | None) -> None:
+        self.every_n_epochs, self.every_n_batches = every_n_epochs, every_n_batches
+        self.steps = 0
+        self._seen_in_epoch = 0
+
+    @classmethod
+    def from_arguments(cls, every_n_epochs: int | None, every_n_batches: int | None) -> CheckSchedule:
+        """The schedule for these arguments: every epoch if neither is given.
+
+        Raises:
+            ValueError: For both intervals, or one that is not a positive integer.
+        """
+        if every_n_epochs is not None and every_n_batches is not None:
+            raise ValueError("Pass every_n_epochs or every_n_batches, not both. Received: "
+                             f"every_n_epochs={every_n_epochs}, every_n_batches={every_n_batches}")
+        for name, value in (("every_n_epochs", every_n_epochs), ("every_n_batches", every_n_batches)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        return cls(1 if every_n_batches is None and every_n_epochs is None else every_n_epochs,
+                   every_n_batches)
+
+    def start_epoch(self) -> None:
+        self._seen_in_epoch = 0
+
+    def after_batch(self, batch: int) -> bool:
+        if not self.every_n_batches:
+            return False
+        before = self.steps
+        self.steps += batch + 1 - self._seen_in_epoch
+        self._seen_in_epoch = batch + 1
+        return self.steps // self.every_n_batches > before // self.every_n_batches
+
+    def after_epoch(self, epoch: int) -> bool:
+        return bool(self.every_n_epochs) and (epoch + 1) % self.every_n_epochs == 0
+
+
+class StatisticsSync:
+    """Where the per-replica statistics were last averaged: once per save point.
+
+    A point is `(epoch, batch)` as Keras numbers them (`batch` is `None` at an
+    epoch's end). Every worker updates it at the same hooks, so every worker
+    takes the same decision (averaging is a collective).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.point: tuple[int, int | None] | None = None
+        self.epoch = -1  # the last epoch whose end was averaged
+
+    def done(self, epoch: int, batch: int | None) -> None:
+        self.point = (epoch, batch)
+        if batch is None:
+            self.epoch = max(self.epoch, epoch)
+
+    def needed_before_save(self, epoch: int, batch: int | None) -> bool:
+        """Whether to average before a save at this point (not yet done there)."""
+        return self.point != (epoch, batch)
+
+    def saved_before(self, epoch: int, batch: int | None, check_due: bool) -> bool:
+        """Whether an epoch-end checkpoint was saved before that epoch's averaging."""
+        return batch is None and check_due and epoch > self.epoch
+
+
+def save_where(epoch: int, batch: int | None) -> str:
+    """The `SyncReport.where` of the averaging done before a checkpoint save."""
+    return (f"before save, end of epoch {epoch + 1}" if batch is None
+            else f"before save, epoch {epoch + 1}, batch {batch + 1}")
+
+
+def lines(records: Sequence[VariableMismatch]) -> str:
+    """The records, one a line, the first `MAX_LINES` of them."""
+    shown = [m.describe() for m in records[:MAX_LINES]]
+    more = [f"... and {len(records) - MAX_LINES} more"] if len(records) > MAX_LINES else []
+    return "\n  ".join(shown + more)
+
+
+def mismatch_message(report: SyncReport, resynced: bool = False) -> str:
+    message = (f"Weights out of sync at {report.where}: {len(report.mismatches)} variable(s) "
+               f"differ from the chief's first replica (worker 0, replica 0):\n  "
+               + lines(report.mismatches))
+    return message + ("\nResynchronised every copy from the chief's first replica." if resynced else "")
+
+
+def unsynced_message(report: SyncReport, first: bool, sync_stats: bool) -> str:
+    hint = ("" if not first else
+            "\nKeras keeps these statistics per replica: each replica updates its own copy from "
+            "its own batches, and get_weights()/save() return replica 0's. "
+            + ("They are averaged across replicas and workers now (sync_stats=True)."
+               if sync_stats else "Pass sync_stats=True to average them at each check."))
+    return f"Per-replica statistics differ at {report.where}:\n  {lines(report.unsynced)}{hint}"
+
+
+def one_replica_message(num_workers: int) -> str:
+    return ("WeightSyncVerifier: the model has one replica (it was built outside any "
+            "tf.distribute strategy scope); "
+            + ("checking across workers only." if num_workers > 1
+               else "with one worker, nothing to compare."))
+
+
+def saved_before_message(epoch: int) -> str:
+    return (f"A checkpoint of epoch {epoch + 1} was saved before WeightSyncVerifier(sync_stats=True) "
+            "averaged the per-replica statistics: it holds replica 0's. Its callback does not "
+            'publish the "before_save" event (kmp.callbacks.ModelCheckpoint does): list '
+            "WeightSyncVerifier before it.")
+
+
+def means_of_sums(gathered: np.ndarray, replicas: int,
+                  shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """Each variable's mean over every replica of every worker.
+
+    Args:
+        gathered: Shape `(workers, total size)`: each worker's sums over its
+            `replicas` local copies, the variables flattened one after another.
+        replicas: Local replicas per worker.
+        shapes: Each variable's shape, in order.
+    """
+    total = gathered.sum(axis=0) / (gathered.shape[0] * replicas)
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    parts = np.split(total, np.cumsum(sizes)[:-1])
+    return [part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)]
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size == 0:
+        return 0.0
+    if a.dtype == np.bool_:
+        a, b = a.astype(np.int8), np.asarray(b).astype(np.int8)
+    return float(np.max(np.abs(a.astype(np.float64) - np.asarray(b, dtype=np.float64))))
