@@ -180,8 +180,8 @@ def unsynced_message(report: SyncReport, first: bool, sync_stats: bool) -> str:
 
 
 def one_replica_message(num_workers: int) -> str:
-    return ("WeightSyncVerifier: the model has one replica (it was built outside any "
-            "tf.distribute strategy scope); "
+    return ("WeightSyncVerifier: the model has one replica (its strategy spans a single "
+            "device, or it was built outside any tf.distribute strategy scope); "
             + ("checking across workers only." if num_workers > 1
                else "with one worker, nothing to compare."))
 
