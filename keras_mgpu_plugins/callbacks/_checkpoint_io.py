@@ -7,17 +7,13 @@ Keras's saver walks them. `Snapshot.write(path)` later produces the same file
 from that copy alone, so it can run on another thread while training goes on
 and changes the variables.
 
-Keras internals used (all in `keras.src.saving.saving_lib`, checked against
-Keras 3.15.1; `KERAS_INTERNALS` lists them and `check_keras_internals` fails
-loudly when one is missing):
-
-- `_save_state(saveable, weights_store, assets_store, inner_path,
-  visited_saveables)`: Keras's own walk over layers, optimizer and their
-  variables. We run it with a recording store instead of an H5 file;
-- `H5IOStore` (subclassed so `_save_state` accepts the recording store, and
-  used as is to write), `DiskIOStore` (assets), `_serialize_model_as_json`,
-  and the archive member names;
-- `keras.src.legacy.saving.legacy_h5_format.save_model_to_hdf5` for `.h5`.
+It relies on Keras's saving internals, all reached through `compat` (the
+private use `"saving_internals"`: `compat.save_state_walk`, Keras's own walk
+over layers, optimizer and their variables, run here with a recording store
+instead of an H5 file; `compat.h5_store_class`, subclassed so the walk accepts
+that store; `compat.open_h5_store`, `open_assets_store`,
+`serialize_model_as_json`, `archive_names` and `save_model_to_hdf5` to write).
+`check_keras_internals` fails loudly when one is missing or changed.
 
 The same walk also serves non-chief workers, which must read the variables in
 the order the chief's save does (a read can be a collective operation under a
@@ -35,44 +31,12 @@ from typing import Any
 
 import numpy as np
 
-#: Private Keras names this module relies on, per module.
-KERAS_INTERNALS = {
-    "keras.src.saving.saving_lib": (
-        "_save_state",
-        "H5IOStore",
-        "DiskIOStore",
-        "_serialize_model_as_json",
-        "_CONFIG_FILENAME",
-        "_METADATA_FILENAME",
-        "_VARS_FNAME_H5",
-        "_ASSETS_DIRNAME",
-    ),
-    "keras.src.legacy.saving.legacy_h5_format": ("save_model_to_hdf5",),
-}
-KERAS_VERSIONS_CHECKED = "3.15.1"
+from keras_mgpu_plugins import compat
 
 
 def check_keras_internals() -> None:
-    """Raises `RuntimeError` if a Keras internal this module needs is missing."""
-    import importlib
-
-    import keras
-
-    missing = []
-    for module_name, names in KERAS_INTERNALS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            missing.append(module_name)
-            continue
-        missing += [f"{module_name}.{n}" for n in names if not hasattr(module, n)]
-    if missing:
-        raise RuntimeError(
-            "ModelCheckpoint(async_save=True) and multi-worker saving copy a "
-            "checkpoint off the model through Keras internals checked against Keras "
-            f"{KERAS_VERSIONS_CHECKED}; the installed Keras {keras.__version__} lacks "
-            f"{missing}. Use async_save=False on one worker, or a checked Keras version."
-        )
+    """Raises `RuntimeError` if a Keras internal this module needs is missing or changed."""
+    compat.require("saving_internals")
 
 
 def kind_of(filepath: str, weights_only: bool) -> str:
@@ -95,18 +59,17 @@ class Snapshot:
 
     def write(self, path: str) -> None:
         """Writes the checkpoint file at `path` (not atomically: see `_atomic`)."""
-        from keras.src.saving import saving_lib as sl
-
         if self.kind == "h5":
             with open(path, "wb") as f:
                 f.write(self.h5_bytes)
         elif self.kind == "weights":
-            _replay(sl.H5IOStore(path, mode="w"), self.entries)
+            _replay(compat.open_h5_store(path), self.entries)
         else:
+            names = compat.archive_names()
             with open(path, "wb") as f, zipfile.ZipFile(f, "w") as zf:
-                zf.writestr(sl._METADATA_FILENAME, self.metadata_json)
-                zf.writestr(sl._CONFIG_FILENAME, self.config_json)
-                _replay(sl.H5IOStore(sl._VARS_FNAME_H5, archive=zf, mode="w"), self.entries)
+                zf.writestr(names.metadata, self.metadata_json)
+                zf.writestr(names.config, self.config_json)
+                _replay(compat.open_h5_store(names.weights, archive=zf), self.entries)
                 with zipfile.ZipFile(io.BytesIO(self.assets_zip)) as assets:
                     for info in assets.infolist():
                         zf.writestr(info, assets.read(info))
@@ -124,15 +87,12 @@ def take_snapshot(model: Any, kind: str, keep: bool = True) -> Snapshot:
     Returns:
         The snapshot (empty when `keep` is false).
     """
-    from keras.src.saving import saving_lib as sl
-
     if kind == "h5":
         import h5py
-        from keras.src.legacy.saving import legacy_h5_format
 
         buffer = io.BytesIO()
         with h5py.File(buffer, "w") as f:
-            legacy_h5_format.save_model_to_hdf5(model, f, include_optimizer=True)
+            compat.save_model_to_hdf5(model, f)
         return Snapshot(kind, h5_bytes=buffer.getvalue() if keep else None)
     if kind == "weights" and not model.built:
         raise ValueError(
@@ -142,17 +102,17 @@ def take_snapshot(model: Any, kind: str, keep: bool = True) -> Snapshot:
     store = _RecordingStore(keep)
     snapshot = Snapshot(kind, entries=store.entries)
     if kind == "keras" and keep:
-        snapshot.config_json, snapshot.metadata_json = sl._serialize_model_as_json(model)
+        snapshot.config_json, snapshot.metadata_json = compat.serialize_model_as_json(model)
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w") as archive:
-            assets = sl.DiskIOStore(sl._ASSETS_DIRNAME, archive=archive, mode="w")
+            assets = compat.open_assets_store(archive)
             try:
-                sl._save_state(model, store, assets, "", set())
+                compat.save_state_walk(model, store, assets)
             finally:
                 assets.close()  # zips the assets and removes its temporary folder
         snapshot.assets_zip = buffer.getvalue()
     else:
-        sl._save_state(model, store, None, "", set())
+        compat.save_state_walk(model, store)
     return snapshot
 
 
@@ -167,10 +127,9 @@ def _replay(store: Any, entries: list) -> None:
 
 
 def _recording_store_class() -> type:
-    from keras.src import backend
-    from keras.src.saving.saving_lib import H5IOStore
+    import keras
 
-    class RecordingStore(H5IOStore):
+    class RecordingStore(compat.h5_store_class()):
         """Stands in for `H5IOStore(mode="w")`: records NumPy copies, writes nothing."""
 
         def __init__(self, keep: bool) -> None:  # no H5 file is opened
@@ -190,10 +149,10 @@ def _recording_store_class() -> type:
 
         def __setitem__(self, key: str, value: Any) -> None:
             # The read; for a variable, one copy of its current value to host memory.
-            if isinstance(value, backend.Variable):
+            if isinstance(value, keras.Variable):
                 array = np.asarray(value.value)
             else:
-                array = backend.convert_to_numpy(value)
+                array = keras.ops.convert_to_numpy(value)
             if self.keep:
                 owned = array.base is None and array.flags.owndata and array.flags.writeable
                 self.current[key] = array if owned else np.array(array)

@@ -7,8 +7,9 @@ best-value bookkeeping stay Keras's own code. Only Keras's private
 `_save_model(epoch, batch, logs)` (the method its `on_epoch_end` and
 `on_train_batch_end` call) is replaced, to change who decides, who writes and
 how. It calls back into Keras's `_get_file_path` and `_should_save_model`.
-These private names were checked against Keras 3.15.1;
-`tests/unit/test_model_checkpoint_keras_internals.py` fails loudly if they
+These private hooks are declared in `compat.KERAS_PRIVATE_HOOKS` (private use
+`"model_checkpoint_hooks"`, Keras >=3.10,<3.16): `__init__` checks them
+(`compat.require`) and `tests/unit/test_compat.py` fails loudly if they
 change. A proxy model handed to Keras was the alternative; it would have to
 impersonate the whole `keras.Model` seen by `MonitorCallback` and by users of
 `self.model`, so overriding one method is the smaller dependency.
@@ -29,7 +30,7 @@ What changes against Keras:
 
 The synchronous chief save is Keras's public `model.save`/`save_weights` into
 the temporary file. Asynchronous copies and the non-chief reads go through
-`_checkpoint_io`, which uses Keras's saving internals (same guard test).
+`_checkpoint_io`, which uses Keras's saving internals through `compat`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,8 @@ from typing import Any
 
 import keras
 import numpy as np
-from keras.src.utils import io_utils
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, events
 
 _SUFFIX = {"weights": ".weights.h5", "keras": ".keras", "h5": ".h5"}
@@ -179,6 +179,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         model: keras.Model | None = None,
         async_save: bool = False,
     ) -> None:
+        compat.require("model_checkpoint_hooks")  # the private hooks this class relies on
         super().__init__(
             filepath,
             monitor=monitor,
@@ -314,7 +315,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def _saved(self, record: dict[str, Any]) -> None:
         if self.verbose > 0:
-            io_utils.print_msg(
+            compat.keras_print_msg(
                 f"\nEpoch {record['epoch'] + 1}: finished saving model to {record['path']}"
             )
         events.publish(self.model, "checkpoint_saved", dict(record))
