@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import _atomic
 
 #: A backup whose files do not agree with each other (torn, truncated, edited).
@@ -180,9 +180,16 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 "backup_dir must be a file system path (local or a shared mount): backups "
                 f"are written atomically by renaming. Received: backup_dir={backup_dir!r}"
             )
+        # Our own state, under the names and values Keras's __init__ gives them; every
+        # Keras hook is overridden, so no Keras code reads them and we read none of Keras's.
+        self._weights_path = os.path.join(self.backup_dir, "latest.weights.h5")
+        self._training_metadata_path = os.path.join(self.backup_dir, "training_metadata.json")
+        self._prev_weights_path = f"{self._weights_path}.bkp"
+        self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
+        self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
         self._on_disk: Snapshot | None = None
         # Keras dispatches callbacks off the training thread only if no batch hook acts.
-        self.async_safe = save_freq == "epoch" or save_freq is False
+        compat.set_async_safe(self, save_freq == "epoch" or save_freq is False)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.model.built:
@@ -236,7 +243,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         snapshot = {"latest": latest, "previous": previous}.get(source or "")
         self._on_disk = snapshot if isinstance(snapshot, Snapshot) else None
         if self._on_disk is not None and self._on_disk.epoch is not None:
-            _set_initial_epoch(self.model, self._on_disk.epoch)
+            compat.set_initial_epoch(self.model, self._on_disk.epoch)
 
     def _promote_previous(self) -> None:
         if os.path.exists(self._prev_training_metadata_path):
@@ -302,12 +309,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
         _atomic.atomic_write(self._weights_path, write, suffix=".weights.h5")
         self._on_disk = state
-
-
-def _set_initial_epoch(model: Any, epoch: int) -> None:
-    # Keras's trainers read `_initial_epoch` after `on_train_begin`: the attribute
-    # Keras's own BackupAndRestore sets (keras/src/trainers/trainer.py, 3.x).
-    model._initial_epoch = epoch
 
 
 def _record(snapshot: Snapshot | None) -> dict | None:
