@@ -11,7 +11,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +151,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.monitor_op is None:
-            self._set_monitor_op()  # Keras's own inference of mode="auto"
+            compat.resolve_monitor_op(self)  # Keras's own inference of mode="auto"
         current = self.get_monitor_value(logs)  # collective: every worker, every epoch
         rule = self._rule = getattr(self, "_rule", None) or self._make_rule()
         verdict = rule.step(epoch, current)
