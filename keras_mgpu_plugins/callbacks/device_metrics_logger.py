@@ -39,7 +39,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import records as rec
@@ -250,9 +250,13 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._thread = SamplerThread(self._read, self.sample_interval)
         self._thread.start()
         self._warn_once_about_gpus()
-        self._restore_history = (
-            _hide_from_progbar(self.model, self) if self.progbar == "summary" else None
+        self._restore_history = (  # every other callback and History see all keys
+            compat.hide_from_progbar(self.model, self._hidden_from_progbar)
+            if self.progbar == "summary" else None
         )
+
+    def _hidden_from_progbar(self) -> list[str]:
+        return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]
 
     def _read(self) -> np.ndarray:
         return rec.reading_vector(self._host.sample(), self._device.sample(), self._names)
@@ -305,37 +309,11 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
 def _rows_counted(model: Any) -> float:
     """Rows this worker's replicas trained on this epoch, as Keras's loss tracker counted them."""
-    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
-    if tracker is None:
-        return np.nan
-    variable = getattr(tracker.count, "value", tracker.count)
-    local = model.distribute_strategy.experimental_local_results(variable)
-    return float(sum(np.asarray(v) for v in local))
+    counts = compat.loss_tracker_rows(model)
+    return np.nan if counts is None else float(sum(counts))
 
 
 def _concat(intervals: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     if not intervals:
         return np.empty(0), np.empty(0, dtype=np.int64)
     return np.concatenate([s for s, _ in intervals]), np.concatenate([b for _, b in intervals])
-
-
-def _hide_from_progbar(model: Any, owner: DeviceMetricsLogger) -> Any:
-    """Removes the non-aggregate keys from `logs` once `History` has recorded them.
-
-    Keras appends its `History` and then its `ProgbarLogger` after the user's
-    callbacks, so every user callback and `History` see all keys, and the
-    progress bar, which runs last, sees only `records.PROGBAR_KEYS`.
-    """
-    history = getattr(model, "history", None)
-    if not isinstance(history, keras.callbacks.History):
-        return None
-    original = history.on_epoch_end
-
-    def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
-        original(epoch, logs)
-        for key in owner._schema.keys or ():
-            if logs is not None and key not in rec.PROGBAR_KEYS:
-                logs.pop(key, None)
-
-    history.on_epoch_end = on_epoch_end
-    return lambda: history.__dict__.pop("on_epoch_end", None)

@@ -25,7 +25,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
@@ -318,10 +318,7 @@ def strategy_devices(tf: Any, strategy: Any) -> list[str]:
 
 def measured_batch_sizes(model: Any, batches_done: int) -> dict[str, int]:
     """Batch sizes from the rows the loss tracker counted on this worker's replicas."""
-    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
-    if tracker is None:
+    counts = compat.loss_tracker_rows(model)
+    if counts is None:
         return {}
-    strategy = model.distribute_strategy
-    variable = getattr(tracker.count, "value", tracker.count)
-    counts = [float(np.asarray(v)) for v in strategy.experimental_local_results(variable)]
-    return batch_sizes(counts, batches_done, int(strategy.num_replicas_in_sync))
+    return batch_sizes(counts, batches_done, int(model.distribute_strategy.num_replicas_in_sync))
