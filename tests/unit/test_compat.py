@@ -1,0 +1,372 @@
+"""Every private Keras API the package relies on is declared in compat, still there, and still works.
+
+Each `compat.PRIVATE_USES` entry is checked (names, signatures, calls) and
+exercised in a real `fit` or save with the installed Keras, so a Keras upgrade
+that renames or reshapes one fails here first, with the name of what changed.
+The version policy (`compat.require`) is tested by pretending other versions.
+The last tests scan the package: no module but `compat` reaches into Keras.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import json
+import pathlib
+import re
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins import _keras_private, compat
+from keras_mgpu_plugins.callbacks import BackupAndRestore, ModelCheckpoint
+
+PACKAGE = pathlib.Path(kmp.__file__).parent
+COMPAT_FILES = {"compat.py", "_keras_private.py"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(_keras_private, "_warned", set())
+
+
+def tiny_model(rows=10, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")], name="tiny")
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    rng = np.random.default_rng(seed)
+    return model, rng.normal(size=(rows, 3)), rng.normal(size=(rows, 2))
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self, on_begin=None):
+        super().__init__()
+        self.on_begin, self.epochs, self.logs = on_begin, [], []
+
+    def on_train_begin(self, logs=None):
+        if self.on_begin:
+            self.on_begin(self.model)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append(dict(logs))
+
+
+# --- the table -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use", compat.PRIVATE_USES, ids=lambda u: u.name)
+def test_every_private_use_is_there_in_the_installed_keras(use):
+    assert use.check() == []
+    assert use.applies_to(keras.__version__), (use.name, use.min_version, use.max_version)
+    assert compat.require(use.name) is True
+
+
+def test_every_private_use_has_a_behaviour_test_here():
+    source = pathlib.Path(__file__).read_text()
+    for use in compat.PRIVATE_USES:
+        assert f"def test_use_{use.name}" in source, use.name
+
+
+def test_the_table_states_its_range():
+    for use in compat.PRIVATE_USES:
+        assert use.max_version == "3.16.0"
+        assert use.applies_to(use.min_version) and not use.applies_to(use.max_version)
+    assert compat.check_private_uses() == {u.name: [] for u in compat.PRIVATE_USES}
+    assert {n for n in compat.__all__ if not hasattr(compat, n)} == set()
+
+
+# --- each use, in real Keras ------------------------------------------------------------
+
+
+def test_use_model_checkpoint_hooks(tmp_path):
+    base = keras.callbacks.ModelCheckpoint
+    for method, params in compat.KERAS_PRIVATE_HOOKS["keras.callbacks.ModelCheckpoint"].items():
+        assert tuple(inspect.signature(getattr(base, method)).parameters) == params, method
+
+    class Calls(base):  # Keras's hooks reach an override of _save_model
+        def _save_model(self, epoch, batch, logs):
+            self.calls.append((epoch, batch))
+
+    calls = Calls(str(tmp_path / "m.keras"), save_freq=2)
+    calls.calls = []
+    model, x, y = tiny_model(rows=8)
+    model.fit(x, y, batch_size=2, epochs=1, callbacks=[calls], verbose=0)
+    assert calls.calls == [(0, 1), (0, 3)]
+
+    keras_cb = base(str(tmp_path / "m.{epoch:02d}-{loss:.2f}.keras"), monitor="loss",
+                    save_best_only=True, mode="min")
+    keras_cb.set_model(model)
+    keras_cb._set_monitor_op()  # as Keras's on_epoch_end does first
+    assert keras_cb._get_file_path(4, None, {"loss": 0.123}) == str(tmp_path / "m.05-0.12.keras")
+    path = str(tmp_path / "x.keras")
+    assert [keras_cb._should_save_model(e, None, {"loss": v}, path)
+            for e, v in enumerate([1.0, 2.0, 0.5])] == [True, False, True]
+    assert keras_cb.best == 0.5
+
+
+def test_use_saving_internals(tmp_path):
+    sl = pytest.importorskip("keras.src.saving.saving_lib")
+    assert list(inspect.signature(sl._save_state).parameters) == [
+        "saveable", "weights_store", "assets_store", "inner_path", "visited_saveables"]
+    assert compat.archive_names() == ("config.json", "metadata.json", "model.weights.h5", "assets")
+    model, x, y = tiny_model()
+    model.fit(x, y, epochs=1, verbose=0)
+    # Keras's own walk into Keras's own store writes a file Keras loads back.
+    compat.save_state_walk(model, store := compat.open_h5_store(str(tmp_path / "w.weights.h5")))
+    store.close()
+    other, _, _ = tiny_model(seed=1)
+    other.fit(x, y, epochs=1, verbose=0)
+    other.load_weights(str(tmp_path / "w.weights.h5"))
+    for a, b in zip(model.get_weights() + [v.numpy() for v in model.optimizer.variables],
+                    other.get_weights() + [v.numpy() for v in other.optimizer.variables], strict=True):
+        np.testing.assert_array_equal(a, b)
+    config, metadata = compat.serialize_model_as_json(model)
+    assert json.loads(config)["config"]["name"] == "tiny"
+    assert json.loads(metadata)["keras_version"] == keras.__version__
+    assert issubclass(compat.h5_store_class(), type(store))
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        compat.save_model_to_hdf5(model, f)
+    (tmp_path / "m.h5").write_bytes(buffer.getvalue())
+    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "m.h5", compile=False).predict(x, verbose=0),
+                                  model.predict(x, verbose=0))
+
+
+def test_use_initial_epoch():
+    model, x, y = tiny_model()
+    seen = Recorder(on_begin=lambda m: compat.set_initial_epoch(m, 2))
+    history = model.fit(x, y, epochs=4, callbacks=[seen], verbose=0)
+    assert seen.epochs == [2, 3] and len(history.history["loss"]) == 2
+    with pytest.raises(RuntimeError, match="_initial_epoch"):
+        compat.set_initial_epoch(object(), 1)
+
+
+def test_use_monitor_op():
+    model, x, y = tiny_model()
+    model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0)  # metrics built
+    for monitor, mode, minimizing in [("val_loss", "auto", True), ("val_mae", "auto", True),
+                                      ("val_mae", "max", False), ("val_thing", "min", True)]:
+        stopper = keras.callbacks.EarlyStopping(monitor=monitor, mode=mode)
+        stopper.set_model(model)
+        compat.resolve_monitor_op(stopper)
+        assert bool(stopper.monitor_op(0.0, 1.0)) is minimizing, (monitor, mode)
+    stopper = keras.callbacks.EarlyStopping(monitor="val_thing")
+    stopper.set_model(model)
+    with pytest.raises(ValueError, match="val_thing"):
+        compat.resolve_monitor_op(stopper)
+
+
+def test_use_print_msg(capsys, monkeypatch):
+    compat.keras_print_msg("saved it")
+    assert capsys.readouterr().out == "saved it\n"
+    keras.config.disable_interactive_logging()
+    try:
+        compat.keras_print_msg("to the log")
+    finally:
+        keras.config.enable_interactive_logging()
+    assert capsys.readouterr().out == ""
+    # the documented fallback where Keras's print_msg is gone
+    monkeypatch.delattr("keras.src.utils.io_utils.print_msg")
+    with pytest.warns(UserWarning, match="print_msg is missing"):
+        compat.keras_print_msg("still printed")
+    assert capsys.readouterr().out == "still printed\n"
+
+
+def test_use_async_safe(monkeypatch):
+    # Keras dispatches asynchronously only on backends it deems thread-safe (not TF, 3.15)
+    monkeypatch.setattr("keras.src.backend.IS_THREAD_SAFE", True)
+
+    class BatchHook(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    hook = BatchHook()
+    assert keras.callbacks.CallbackList([hook])._async_train is False
+    compat.set_async_safe(hook, True)
+    assert keras.callbacks.CallbackList([hook])._async_train is True
+    assert BackupAndRestore("b").async_safe is True and BackupAndRestore("b", 3).async_safe is False
+
+
+def test_use_progbar_after_history(capsys):
+    model, x, y = tiny_model()
+
+    class AddKeys(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            logs.update({"hidden_key": 7.0, "shown_key": 8.0})
+
+    undo = []
+    adder = AddKeys()
+    after = Recorder(on_begin=lambda m: undo.append(compat.hide_from_progbar(m, lambda: ["hidden_key"])))
+    history = model.fit(x, y, epochs=1, callbacks=[adder, after], verbose=2)
+    out = capsys.readouterr().out
+    assert "shown_key: 8" in out and "hidden_key" not in out  # the progress bar ran last
+    assert after.logs[0]["hidden_key"] == 7.0 and history.history["hidden_key"] == [7.0]
+    undo[0]()
+    assert "on_epoch_end" not in vars(model.history)
+    assert compat.hide_from_progbar(object(), lambda: []) is None  # no History: nothing wrapped
+
+
+def test_use_loss_tracker_rows(monkeypatch):
+    model, x, y = tiny_model(rows=10)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # batches of 4, 4, 2
+    assert compat.loss_tracker_rows(model) == [10.0]
+
+    @kmp.parallelize(strategy="mirrored")
+    def build():
+        return tiny_model(rows=10)[0]
+
+    mirrored = build()
+    # evaluate counts as train_step does and runs no gradient collective, which another
+    # MirroredStrategy of this process (multi_gpu_model tests) could collide with
+    mirrored.evaluate(x, y, batch_size=4, verbose=0)
+    rows = compat.loss_tracker_rows(mirrored)
+    assert len(rows) == 2 and sum(rows) == 10.0
+    uncompiled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    assert compat.loss_tracker_rows(uncompiled) is None
+    monkeypatch.setattr(keras, "__version__", "3.1.0")  # counted batches, not rows
+    with pytest.warns(UserWarning, match="batch_size="):
+        assert compat.loss_tracker_rows(model) is None
+
+
+def test_names_the_patches_replace_are_there():
+    """`PATCHES` (tested for real by tests/multi_worker/test_fit.py) replace these names."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    trainer = tf_trainer.TensorFlowTrainer
+    assert list(inspect.signature(trainer._maybe_symbolic_build).parameters) == [
+        "self", "iterator", "data_batch"]
+    assert "data_batch" in inspect.signature(trainer._symbolic_build).parameters
+    assert list(inspect.signature(tf_trainer.reduce_per_replica).parameters) == [
+        "values", "strategy", "reduction"]
+    assert callable(tf_trainer._collective_all_reduce_multi_worker)
+    assert all(patch.applies_to(keras.__version__) for patch in compat.PATCHES)
+
+
+# --- the version policy ------------------------------------------------------------------
+
+
+def test_newer_keras_with_the_api_still_there_goes_on_with_one_warning(monkeypatch):
+    monkeypatch.setattr(keras, "__version__", "3.16.0")
+    with pytest.warns(UserWarning, match=r"checked for Keras >=3.10.0,<3.16.0; Keras 3.16.0"):
+        assert compat.require("model_checkpoint_hooks") is True
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compat.require("model_checkpoint_hooks") is True  # once
+
+
+def test_keras_older_than_the_range_is_refused(monkeypatch):
+    monkeypatch.setattr(keras, "__version__", "3.9.0")
+    with pytest.raises(RuntimeError, match=r"known not to hold before Keras 3.10.0.*keras.callbacks"):
+        ModelCheckpoint("m.keras")
+
+
+def test_a_missing_hook_fails_loudly_by_name(monkeypatch):
+    monkeypatch.delattr(keras.callbacks.ModelCheckpoint, "_should_save_model")
+    with pytest.raises(RuntimeError, match=r"ModelCheckpoint._should_save_model is missing"):
+        ModelCheckpoint("m.keras")
+
+
+def test_a_reshaped_hook_or_a_hook_no_longer_called_fails_loudly(monkeypatch):
+    base = keras.callbacks.ModelCheckpoint
+    monkeypatch.setattr(base, "_get_file_path", lambda self, epoch, logs: "")
+    monkeypatch.setattr(base, "on_epoch_end", lambda self, epoch, logs=None: None)
+    problems = compat.check_private_uses()["model_checkpoint_hooks"]
+    assert problems == [
+        "keras.callbacks.ModelCheckpoint._get_file_path('self', 'epoch', 'logs') is not "
+        "_get_file_path('self', 'epoch', 'batch', 'logs')",
+        "keras.callbacks.ModelCheckpoint.on_epoch_end no longer calls self._save_model",
+    ]
+
+
+def test_a_missing_fit_attribute_fails_loudly(monkeypatch):
+    monkeypatch.setattr(keras.Model, "fit", lambda self, *a, **k: None)
+    model, _, _ = tiny_model()
+    with pytest.raises(RuntimeError, match="fit no longer reads self._initial_epoch"):
+        compat.set_initial_epoch(model, 1)
+
+
+# --- nothing else reaches into Keras -----------------------------------------------------
+
+#: Known private imports in modules this change does not own (reported to their owners).
+ALLOWED_ELSEWHERE = {
+    ("strategy.py", "tensorflow.python.distribute.cluster_resolver"),  # tf.distribute.cluster_resolver
+}
+
+
+def package_files():
+    return [p for p in PACKAGE.rglob("*.py") if p.name not in COMPAT_FILES]
+
+
+def test_no_module_but_compat_imports_keras_or_tensorflow_internals():
+    found = set()
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                if name.startswith(("keras.src", "tensorflow.python")):
+                    found.add((path.name, name))
+    assert found == ALLOWED_ELSEWHERE
+
+
+def keras_private_names(cls) -> set[str]:
+    """Private names Keras's classes define or use on `self`, along `cls`'s Keras MRO."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("keras"):
+            names |= {n for n in vars(klass) if n.startswith("_") and not n.startswith("__")}
+            names |= set(re.findall(r"self\.(_[a-z]\w*)", inspect.getsource(klass)))
+    return names
+
+
+#: Subclasses that override every Keras hook, so they may own Keras's state names.
+OWNS_KERAS_STATE = {"BackupAndRestore"}
+
+
+def test_subclasses_use_only_the_declared_private_hooks():
+    reached = {}
+    for path in package_files():
+        for cls in [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)]:
+            bases = [ast.unparse(b) for b in cls.bases if ast.unparse(b).startswith("keras.")]
+            if not bases:
+                continue
+            keras_names = keras_private_names(eval(bases[0], {"keras": keras}))
+            defined = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+            used = set(re.findall(r"self\.(_[a-z]\w*)", ast.unparse(cls)))
+            shared = (defined | used) & keras_names
+            declared = set(compat.KERAS_PRIVATE_HOOKS.get(bases[0], ()))
+            if cls.name in OWNS_KERAS_STATE:
+                init = next(f for f in cls.body if getattr(f, "name", "") == "__init__")
+                declared |= set(re.findall(r"self\.(_[a-z]\w*)", ast.unparse(init)))
+            if shared - declared:
+                reached[cls.name] = sorted(shared - declared)
+    assert reached == {}
+
+
+def test_no_module_reads_private_attributes_of_keras_objects():
+    keras_names = set()
+    for cls in (keras.Model, keras.metrics.Mean, keras.callbacks.CallbackList,
+                keras.callbacks.History, keras.optimizers.Optimizer, keras.Variable):
+        keras_names |= keras_private_names(cls)
+    found = []
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in keras_names
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert found == []
+
+
+def test_backup_and_restore_runs_no_keras_hook():
+    """It may own Keras's state names only because no Keras hook of its base runs."""
+    keras_hooks = {n for n in vars(keras.callbacks.BackupAndRestore) if n.startswith("on_")}
+    assert keras_hooks <= set(vars(BackupAndRestore)), keras_hooks - set(vars(BackupAndRestore))
