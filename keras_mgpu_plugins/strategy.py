@@ -82,21 +82,32 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             f"devices only applies to the mirrored strategy, but strategy={spec!r} "
             f"resolves to {name!r}. Received: devices={list(devices)!r}"
         )
-    key = (name, tuple(devices) if devices is not None else None)
     with _lock:
+        # One strategy per device set: two MirroredStrategy objects over the same
+        # devices collide in TensorFlow's collective instance keys.
+        key = (name, _canonical(tf, _mirrored_devices(tf, devices)) if name == "mirrored" else None)
         if key not in _strategies:
-            _strategies[key] = _create(name, devices)
+            _strategies[key] = _create(name, key[1])
         return _strategies[key]
 
 
-def _create(name: str, devices: Sequence[str] | None) -> Any:
+def _create(name: str, devices: tuple[str, ...] | None) -> Any:
     import tensorflow as tf
 
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy(devices=_mirrored_devices(tf, devices))
+        return tf.distribute.MirroredStrategy(devices=list(devices))
     return _create_multi_worker(tf)
+
+
+def _canonical(tf: Any, devices: Sequence[str]) -> tuple[str, ...]:
+    """Device names in one spelling (`/cpu:0` → `/device:CPU:0`), in order."""
+    names = []
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device)
+        names.append(spec.replace(device_type=(spec.device_type or "").upper()).to_string())
+    return tuple(names)
 
 
 def _mirrored_devices(tf: Any, devices: Sequence[str] | None) -> list[str]:
@@ -141,10 +152,8 @@ def _create_multi_worker(tf: Any) -> Any:
 
 
 def _slurm_resolver(tf: Any, topo: Topology) -> Any:
-    from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
-
     spec = tf.train.ClusterSpec({k: list(v) for k, v in topo.cluster_spec.items()})
-    return SimpleClusterResolver(
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type=topo.task_type, task_id=topo.task_index, rpc_layer="grpc"
     )
 

@@ -184,3 +184,14 @@ def test_port_in_use_is_named():
 
 def test_strategy_error_is_public():
     assert issubclass(StrategyError, RuntimeError)
+
+
+def test_one_mirrored_strategy_per_device_set_whatever_the_spelling():
+    """Two MirroredStrategy objects over the same devices collide in TF's collectives."""
+    from keras_mgpu_plugins.strategy import get_strategy
+
+    a = get_strategy("mirrored")
+    b = get_strategy("mirrored", ["/cpu:0", "/cpu:1"])
+    c = get_strategy("mirrored", ["/device:CPU:0", "/device:CPU:1"])
+    assert a is b is c
+    assert get_strategy("mirrored", ["/cpu:1", "/cpu:0"]) is not a  # order is replica order
