@@ -205,6 +205,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.async_save = async_save
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
+        self._writer_error: BaseException | None = None  # the chief's, until all raise it
         self._flush = _weak_flush(self)  # the channel must not keep this callback alive
 
     # --- hooks ------------------------------------------------------------------
@@ -244,6 +245,9 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self._writer is not None:
             events.unsubscribe(self.model, "flush", self._flush)
         self._drain(wait=True)
+        if self._writer is not None:  # every worker learns of the chief's writer error
+            failed = collective.agree(self._writer_error is not None, self._strategy(), how="chief")
+            self._raise_writer_error(failed)
 
 
     # --- saving -----------------------------------------------------------------
@@ -253,7 +257,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         logs = logs or {}
         self._drain(wait=True)  # at most one write in flight; messages stay in order
         filepath = self._get_file_path(epoch, batch, logs)
-        record = self._decide(epoch, batch, logs, filepath)
+        record = self._decide(epoch, batch, logs, filepath)  # raises a writer error everywhere
         if record is None:
             return
         # On every worker at the same point (the decision is agreed), before anything reads
@@ -279,8 +283,9 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        local = encode_monitored(logs.get(self.monitor))
+        local = np.append(encode_monitored(logs.get(self.monitor)), self._writer_error is not None)
         chief_value = collective.broadcast(local, self._strategy())
+        self._raise_writer_error(bool(chief_value[2]))
         with self._quiet_unless(chief):
             decided = agreed_logs(logs, self.monitor, chief_value)
             if not self._should_save_model(epoch, batch, decided, filepath):
@@ -321,20 +326,37 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         events.publish(self.model, "checkpoint_saved", dict(record))
 
     def _drain(self, wait: bool = False) -> None:
-        """Publishes finished background writes; raises the first writer error."""
+        """Publishes finished background writes; keeps the first writer error.
+
+        The error is raised at the next save point or at train end, on every
+        worker at once (the chief's flag travels with the save decision), never
+        on the chief alone while the others wait in a collective.
+        """
         if self._writer is None:
             return
         if wait:
             self._writer.wait()
         for record, error in self._writer.collect():
-            if error is not None:
+            if error is None:
+                self._saved(record)
+            elif self._writer_error is None:
                 if hasattr(error, "add_note"):  # Python 3.11+
                     error.add_note(
                         f"Raised in {type(self).__name__}'s background writer while "
                         f"saving {record['path']} (async_save=True)."
                     )
-                raise error
-            self._saved(record)
+                self._writer_error = error
+
+    def _raise_writer_error(self, chief_failed: bool) -> None:
+        if not chief_failed:
+            return
+        error, self._writer_error = self._writer_error, None
+        if error is not None:
+            raise error
+        raise RuntimeError(
+            f"{type(self).__name__}(async_save=True): the chief's background writer failed "
+            "to write a checkpoint; its error is in the chief's log. Every worker stops here."
+        )
 
     @contextlib.contextmanager
     def _quiet_unless(self, chief: bool) -> Iterator[None]:

@@ -216,3 +216,44 @@ def test_unwritable_folder_stops_both_workers_before_training(tmp_path):
     assert "is not a folder" in chief and "a_file" in chief
     assert "the chief worker cannot write there" in other
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def async_writer_fails(folder):
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    class Unwritable(keras.layers.Layer):  # HDF5 cannot hold an object array
+        def save_own_variables(self, store):
+            store["state"] = np.array([object()], dtype=object)
+
+        def call(self, x):
+            return x
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential([keras.Input((2,)), Unwritable(), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = build()
+    begun = []
+    marker = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch))
+    checkpoint = kmp.callbacks.ModelCheckpoint(
+        os.path.join(folder, "{epoch}.weights.h5"), save_weights_only=True, async_save=True
+    )
+    try:
+        model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=6, verbose=0,
+                  callbacks=[checkpoint, marker])
+    except Exception as err:  # noqa: BLE001 - the test reports what each worker raised
+        return {"error": f"{type(err).__name__}: {err}", "begun": begun}
+    return {"error": None, "begun": begun}
+
+
+def test_async_writer_error_on_the_chief_stops_both_workers_at_the_same_epoch(tmp_path):
+    chief, other = kmp.launch(async_writer_fails, num_workers=2, args=(str(tmp_path),), timeout=200)
+    assert chief["error"] is not None and other["error"] is not None
+    assert "the chief's background writer failed" in other["error"]
+    assert "chief" not in chief["error"]  # the chief raises the writer's own error
+    assert chief["begun"] == other["begun"] and len(chief["begun"]) < 6
+    assert os.listdir(tmp_path) == []  # nothing at a final name, no temporary left
