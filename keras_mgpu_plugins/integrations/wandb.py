@@ -66,8 +66,8 @@ class WandbLogger(keras.callbacks.Callback):
         name: Run name. In `"group"` mode each worker's run is
             `f"{name or 'run'}-worker{i}"`.
         group: W&B group. In `"group"` mode, if not given: `KMP_JOB_ID` if set
-            (the same on every worker), else an id the chief draws and
-            broadcasts to every worker at the start of `fit`.
+            (the same on every worker). If a worker has neither, the chief
+            draws an id and broadcasts it to every worker at the start of `fit`.
         mode: `"chief"`: one run for the job, made by the chief; other workers
             make nothing and never import `wandb`. `"group"`: one run per
             worker, all in one group.
@@ -134,8 +134,8 @@ class WandbLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = self.model.distribute_strategy
-        if self.mode == "group" and self.group is None:
-            self.group = os.environ.get(JOB_ID_ENV) or agree_group_id(strategy)
+        if self.mode == "group":
+            self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), strategy)
         error = None
         self._logs_here = self.mode == "group" or collective.is_chief()
         if self._logs_here:
@@ -267,6 +267,17 @@ def require_wandb() -> None:
         missing = importlib.util.find_spec("wandb") is None
     if missing:
         raise ImportError(f"WandbLogger needs the wandb package: {INSTALL_HINT}")
+
+
+def agreed_group(local: str | None, strategy: Any) -> str:
+    """This worker's group name if every worker has one, else one drawn by the chief.
+
+    Always one collective, so workers that differ (`KMP_JOB_ID` set on some only)
+    never wait for each other in different calls.
+    """
+    if collective.agree(bool(local), strategy, how="all"):
+        return local
+    return agree_group_id(strategy)
 
 
 def agree_group_id(strategy: Any) -> str:

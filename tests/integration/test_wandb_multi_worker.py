@@ -51,7 +51,11 @@ def train(out_dir, mode):
     if mode == "group":
         # As on a TF_CONFIG or SLURM cluster, where no launcher shares a job id: the
         # chief draws the group and broadcasts it (KMP_JOB_ID: test_wandb_logger.py).
+        # The chief alone has a job id here: the workers still take part in the same
+        # collectives, and the drawn group wins.
         os.environ.pop("KMP_JOB_ID", None)
+        if kmp.topology().is_chief:
+            os.environ["KMP_JOB_ID"] = "chief-only"
     rng = np.random.default_rng(0)
     x = rng.normal(size=(ROWS, 3)).astype("float32")
     y = x @ np.array([[1.0], [-2.0], [0.5]], "float32")
