@@ -11,7 +11,9 @@ Topics and payloads (stable, documented):
 - `"checkpoint_saved"`: `{"path": str, "epoch": int (0-based, as Keras),
   "batch": int | None, "is_best": bool, "monitor": str, "value": float | None}`,
   published on the training thread after the file is complete at its final name.
-- `"before_save"`: `{"epoch": int (0-based), "batch": int | None}`, published by
+- `"before_save"`: `{"epoch": int (0-based), "batch": int | None, "fit": int}`, where
+  `fit` is `id(callback.params)`, the same for every callback of one `fit` call (a
+  listener left subscribed by a `fit` that raised ignores other fits' saves); published by
   `kmp.callbacks.ModelCheckpoint` on the training thread once it has decided to
   save, right before it reads the weights, on every worker at the same point (the
   decision is agreed across workers). Listeners may change the weights to be saved

@@ -263,7 +263,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         # On every worker at the same point (the decision is agreed), before anything reads
         # the weights: listeners may run collectives (e.g. average per-replica statistics).
         events.publish(self.model, "before_save",
-                       {"epoch": record["epoch"], "batch": record["batch"]})
+                       {"epoch": record["epoch"], "batch": record["batch"], "fit": id(self.params)})
         chief = collective.is_chief()
         if chief and os.path.isdir(filepath):
             raise OSError(

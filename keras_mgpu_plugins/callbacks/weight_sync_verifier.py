@@ -136,6 +136,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     # --- events from checkpoint callbacks (subscribed with sync_stats) --------------------
     def _before_save(self, payload: dict) -> None:
         """Averages the statistics into what is about to be saved, once per save point."""
+        if payload.get("fit", id(self.params)) != id(self.params):
+            return  # left subscribed by a fit that raised; this save belongs to another fit
         epoch, batch = payload["epoch"], payload.get("batch")
         if self._stats_sync.needed_before_save(epoch, batch):  # the same answer on every worker
             self._check(_ws.save_where(epoch, batch), stats_only=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import weakref
 
 import keras
@@ -268,6 +269,8 @@ class SaveProbe(keras.callbacks.Callback):
         events.subscribe(self.model, "before_save", self.seen)
 
     def seen(self, payload):
+        payload = dict(payload)  # shared with the other listeners
+        assert payload.pop("fit") == id(self.params)  # the fit this probe is part of
         self.at_save.append((payload, replica_values(self.model)))
 
     def on_epoch_end(self, epoch, logs=None):
@@ -375,6 +378,20 @@ def test_a_checkpoint_callback_without_before_save_is_told_to_come_after(caplog)
         fit(model, [FakeCheckpoint(), WeightSyncVerifier(sync_stats=True)], epochs=2)
     assert caplog.text.count("A checkpoint of epoch 1 was saved before") == 1
     assert 'does not publish the "before_save" event' in caplog.text
+
+
+def test_a_verifier_left_subscribed_by_a_failed_fit_ignores_later_fits(tmp_path):
+    model = mirrored()
+    verifier = WeightSyncVerifier(sync_stats=True)
+    stop = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        fit(model, [verifier, stop], epochs=1)  # on_train_end never unsubscribes
+    before = list(verifier.reports)
+    checkpoint = kmp.callbacks.ModelCheckpoint(str(tmp_path / "{epoch}.weights.h5"),
+                                               save_weights_only=True)
+    fit(model, [checkpoint], epochs=2)
+    assert sorted(os.listdir(tmp_path)) == ["1.weights.h5", "2.weights.h5"]
+    assert list(verifier.reports) == before  # no check, no averaging for another fit's saves
 
 
 def test_a_failed_fit_leaves_no_listener_keeping_the_verifier_alive():
