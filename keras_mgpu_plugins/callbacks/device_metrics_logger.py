@@ -164,7 +164,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._timer.mark(batch)
-        if self.log_every_n_batches and batch - self._last_record >= self.log_every_n_batches:
+        if self._every and batch - self._last_record >= self._every:
             self._last_record = batch
             self._record("batch", batch)
 
@@ -178,7 +178,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
-            series = self._gather_series() if self.plot else None
+            series = self._gather_series() if self._plot_gathered else None
             if self._chief:
                 self._finish(series)
         finally:
@@ -238,7 +238,19 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._device = self.sampler if self.sampler is not None else GPUSampler()
         self._host = HostSampler()
         self._names = list(self._device.devices())
-        counts = collective.all_gather(np.array([len(self._names)]), self._strategy)[:, 0]
+        # The chief's plot and batch-record settings decide how many collectives run,
+        # on every worker alike (a worker configured otherwise must not wait alone).
+        local = np.array([len(self._names), self.plot is not None, self.log_every_n_batches or 0])
+        gathered = collective.all_gather(local, self._strategy)
+        counts = gathered[:, 0]
+        self._plot_gathered, self._every = bool(gathered[0, 1]), int(gathered[0, 2])
+        if (self._plot_gathered, self._every) != (bool(local[1]), int(local[2])):
+            logger.warning(
+                "DeviceMetricsLogger: this worker's plot=%r, log_every_n_batches=%r differ from "
+                "the chief's; following the chief's (plot %s, log_every_n_batches=%s).",
+                self.plot, self.log_every_n_batches, "on" if self._plot_gathered else "off",
+                self._every or None,
+            )
         self._max_devices = int(counts.max())
         self._all_names = rec.remote_device_names(self._names, [int(c) for c in counts])
         self._schema = rec.KeySchema()

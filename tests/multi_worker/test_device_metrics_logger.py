@@ -39,6 +39,7 @@ def memory(rank, k):
 def train_with_metrics(root):
     import contextlib
     import io
+    import logging
 
     from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
     from keras_mgpu_plugins.samplers import ScriptedSampler
@@ -50,11 +51,16 @@ def train_with_metrics(root):
         for k in range(4)
     ])
     out = os.path.join(root, f"worker{rank}")  # each worker is told its own place
+    chief = rank == 0  # worker 1 leaves out the plot and batch records: the chief's settings rule
     logger = DeviceMetricsLogger(  # no batch_size: each worker counts its rows
-        log_every_n_batches=2, csv_path=os.path.join(out, "metrics.csv"),
-        log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png"),
+        log_every_n_batches=2 if chief else None, csv_path=os.path.join(out, "metrics.csv"),
+        log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png") if chief else None,
         sample_interval=None, sampler=sampler,
     )
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("keras_mgpu_plugins").addHandler(handler)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(GLOBAL_BATCH * STEPS, 5)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
@@ -65,6 +71,7 @@ def train_with_metrics(root):
                             callbacks=[logger])
     files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
     return {"rank": rank, "history": history.history, "printed": printed.getvalue(), "files": files,
+            "warnings": [w for w in warnings if "differ from the chief's" in w],
             "replicas": model.distribute_strategy.num_replicas_in_sync}
 
 
@@ -98,6 +105,12 @@ def test_every_worker_holds_the_same_gathered_record(run):
     for key, values in chief["history"].items():
         if key.startswith(("device/", "step_time/", "throughput/", "host/")):
             assert other["history"][key] == values, key
+
+
+def test_a_worker_configured_otherwise_follows_the_chiefs_plot_and_batch_records(run):
+    _, (chief, other) = run
+    assert chief["warnings"] == []
+    assert len(other["warnings"]) == 1 and "log_every_n_batches=None" in other["warnings"][0]
 
 
 def test_only_the_chief_writes_files_and_prints(run):
