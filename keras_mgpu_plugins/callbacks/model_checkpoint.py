@@ -264,14 +264,32 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         # the weights: listeners may run collectives (e.g. average per-replica statistics).
         events.publish(self.model, "before_save",
                        {"epoch": record["epoch"], "batch": record["batch"], "fit": id(self.params)})
-        chief = collective.is_chief()
-        if chief and os.path.isdir(filepath):
+        if record.pop("chief_path_is_dir"):
             raise OSError(
                 "Please specify a non-directory filepath for ModelCheckpoint. "
                 f"Filepath used is an existing directory: {filepath}"
+                + ("" if collective.is_chief() else " (on the chief worker)")
             )
+        error = None
+        try:
+            self._save_here(record, filepath)
+        except Exception as err:  # noqa: BLE001 - raised below, once every worker knows
+            error = err
+        strategy = self._strategy()
+        if collective.spans_workers(strategy):  # a worker failing alone must not leave peers waiting
+            elsewhere = collective.agree(error is not None, strategy, how="any") and error is None
+            if elsewhere:
+                raise RuntimeError(
+                    f"{type(self).__name__}: saving {filepath} failed on another worker; "
+                    "its error is in that worker's log. Every worker stops here."
+                )
+        if error is not None:
+            raise error
+
+    def _save_here(self, record: dict[str, Any], filepath: str) -> None:
+        """This worker's part of a save: the chief writes, the others read along."""
         target = self._model_to_save()
-        if not chief:  # read what the chief's save reads (may be collective), keep nothing
+        if not collective.is_chief():  # read what the chief's save reads (may be collective)
             _checkpoint_io.take_snapshot(target, self._kind, keep=False)
         elif self.async_save:
             snapshot = _checkpoint_io.take_snapshot(target, self._kind)
@@ -283,11 +301,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        local = np.append(encode_monitored(logs.get(self.monitor)), self._writer_error is not None)
+        flags = [self._writer_error is not None, chief and os.path.isdir(filepath)]
+        local = np.append(encode_monitored(logs.get(self.monitor)), flags)
         chief_value = collective.broadcast(local, self._strategy())
         self._raise_writer_error(bool(chief_value[2]))
         with self._quiet_unless(chief):
-            decided = agreed_logs(logs, self.monitor, chief_value)
+            decided = agreed_logs(logs, self.monitor, chief_value[:2])
             if not self._should_save_model(epoch, batch, decided, filepath):
                 return None
         value = float(chief_value[1]) if chief_value[0] == _SCALAR else None
@@ -298,6 +317,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "is_best": bool(self.save_best_only and value is not None),
             "monitor": self.monitor,
             "value": value,
+            "chief_path_is_dir": bool(chief_value[3]),
         }
 
     def _strategy(self) -> Any:

@@ -218,7 +218,8 @@ def test_unwritable_folder_stops_both_workers_before_training(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
 
 
-def async_writer_fails(folder):
+def failing_saves(folder):
+    """Three fits whose saves fail on the chief alone; what each worker raised, and when."""
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -231,29 +232,75 @@ def async_writer_fails(folder):
             return x
 
     @kmp.parallelize
-    def build():
-        model = keras.Sequential([keras.Input((2,)), Unwritable(), keras.layers.Dense(1)])
+    def build(unwritable):
+        extra = [Unwritable()] if unwritable else []
+        model = keras.Sequential([keras.Input((2,)), *extra, keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         return model
 
-    model = build()
-    begun = []
-    marker = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: begun.append(epoch))
-    checkpoint = kmp.callbacks.ModelCheckpoint(
-        os.path.join(folder, "{epoch}.weights.h5"), save_weights_only=True, async_save=True
-    )
-    try:
-        model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=6, verbose=0,
-                  callbacks=[checkpoint, marker])
-    except Exception as err:  # noqa: BLE001 - the test reports what each worker raised
-        return {"error": f"{type(err).__name__}: {err}", "begun": begun}
-    return {"error": None, "begun": begun}
+    chief = kmp.topology().is_chief
+    # a folder at the name of the chief's second save
+    os.makedirs(os.path.join(folder, "chief_path_is_dir", "dir", "2.keras"), exist_ok=True)
+    cases = {
+        "async_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True,
+                                    async_save=True)),
+        "sync_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True)),
+        # only the chief's filepath leads to the folder; worker 1's would save fine
+        "chief_path_is_dir": (False, dict(filepath="dir/{epoch}.keras" if chief else "x/{epoch}.keras")),
+    }
+    out = {}
+    for case, (unwritable, kwargs) in cases.items():
+        begun = []
+        marker = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs, begun=begun: begun.append(epoch))
+        kwargs["filepath"] = os.path.join(folder, case, kwargs["filepath"])
+        checkpoint = kmp.callbacks.ModelCheckpoint(**kwargs)
+        try:
+            build(unwritable).fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=6,
+                                  verbose=0, callbacks=[checkpoint, marker])
+            error = None
+        except Exception as err:  # noqa: BLE001 - the test reports what each worker raised
+            error = f"{type(err).__name__}: {err}"
+        out[case] = {"error": error, "begun": begun}
+    return out
 
 
-def test_async_writer_error_on_the_chief_stops_both_workers_at_the_same_epoch(tmp_path):
-    chief, other = kmp.launch(async_writer_fails, num_workers=2, args=(str(tmp_path),), timeout=200)
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("failing")
+    return folder, kmp.launch(failing_saves, num_workers=2, args=(str(folder),), timeout=200)
+
+
+def test_async_writer_error_on_the_chief_stops_both_workers_at_the_same_epoch(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["async_writer"], other["async_writer"]
     assert chief["error"] is not None and other["error"] is not None
     assert "the chief's background writer failed" in other["error"]
     assert "chief" not in chief["error"]  # the chief raises the writer's own error
     assert chief["begun"] == other["begun"] and len(chief["begun"]) < 6
-    assert os.listdir(tmp_path) == []  # nothing at a final name, no temporary left
+    assert os.listdir(folder / "async_writer") == []  # no file at a final name, no temporary
+
+
+def test_sync_write_error_on_the_chief_stops_both_workers_at_that_save(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["sync_writer"], other["sync_writer"]
+    assert chief["error"] is not None and "another worker" not in chief["error"]
+    assert other["error"] == (
+        f"RuntimeError: ModelCheckpoint: saving {folder}/sync_writer/1.weights.h5 failed on "
+        "another worker; its error is in that worker's log. Every worker stops here."
+    )
+    assert chief["begun"] == other["begun"] == [0]
+    assert os.listdir(folder / "sync_writer") == []
+
+
+def test_chief_filepath_that_is_a_folder_stops_both_workers_at_that_save(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["chief_path_is_dir"], other["chief_path_is_dir"]
+    assert chief["error"] == (
+        "OSError: Please specify a non-directory filepath for ModelCheckpoint. Filepath used "
+        f"is an existing directory: {folder}/chief_path_is_dir/dir/2.keras"
+    )
+    assert other["error"].startswith("OSError: Please specify a non-directory filepath")
+    assert other["error"].endswith("x/2.keras (on the chief worker)")
+    assert chief["begun"] == other["begun"] == [0, 1]
+    assert sorted(os.listdir(folder / "chief_path_is_dir" / "dir")) == ["1.keras", "2.keras"]
+    assert not os.path.exists(folder / "chief_path_is_dir" / "x")  # worker 1 wrote nothing

@@ -288,6 +288,23 @@ def test_unknown_monitor_in_auto_mode_raises_as_keras(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def test_one_process_decides_on_the_very_logs_keras_would_see(tmp_path):
+    seen = []
+
+    class Recorded(ModelCheckpoint):
+        def _should_save_model(self, epoch, batch, logs, filepath):
+            seen.append(logs["custom"])
+            return super()._should_save_model(epoch, batch, logs, filepath)
+
+    values = [np.float32(0.5), np.float32(0.25)]
+    set_custom = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: logs.__setitem__("custom", values[epoch]))
+    fit(get_model(), [set_custom, Recorded(str(tmp_path / "{epoch}.keras"), monitor="custom", mode="min",
+                                           save_best_only=True)], epochs=2)
+    assert len(seen) == 2 and all(a is b for a, b in zip(seen, values, strict=True))
+    assert files(tmp_path) == ["1.keras", "2.keras"]
+
+
 def test_existing_folder_as_filepath_raises_as_keras(tmp_path):
     (tmp_path / "taken.keras").mkdir()
     messages = []
