@@ -5,7 +5,9 @@ Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask
 - `is_chief()`, `worker_index()`, `num_workers()`: read lazily, at call time;
 - `all_gather(vector)`: every worker's vector, stacked in worker order;
 - `agree(flag)`: one boolean every worker holds after the call;
-- `broadcast(value)`: the chief's value, on every worker.
+- `broadcast(value)`: the chief's value, on every worker;
+- `together(action, what)`: runs this worker's part of a step; if it raised on
+  any worker, every worker raises (no worker is left waiting alone).
 
 Each is a collective: every worker must call it, in the same order, with
 vectors of the same shape and dtype. In a single process (or under a strategy
@@ -15,11 +17,14 @@ both cases.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from keras_mgpu_plugins.topology import topology_from_env
+
+T = TypeVar("T")
 
 
 def is_chief() -> bool:
@@ -120,6 +125,39 @@ def agree(flag: bool, strategy: Any | None = None, how: str = "any") -> bool:
 def broadcast(value: Any, strategy: Any | None = None, root: int = 0) -> np.ndarray:
     """The `root` worker's array (default: the chief's), on every worker."""
     return all_gather(value, strategy)[root]
+
+
+class PeerFailedError(RuntimeError):
+    """Raised on the workers where a step succeeded when it failed on another one."""
+
+
+def together(action: Callable[[], T], what: str, strategy: Any | None = None) -> T:
+    """Runs `action()` here; raises on every worker if it raised on any.
+
+    The worker where `action` raised re-raises its own error; the others raise
+    `PeerFailedError` naming `what` and the failing workers. One agreement
+    (a collective) when the strategy spans workers, nothing more otherwise:
+    wrap a step whose failure on one worker (a chief-only write, a local read)
+    would otherwise leave the others waiting in the next collective.
+    """
+    if not spans_workers(strategy):
+        return action()
+    error: BaseException | None = None
+    result: Any = None
+    try:
+        result = action()
+    except Exception as err:  # noqa: BLE001 - raised below, once every worker knows
+        error = err
+    failed = all_gather(np.array([error is not None]), strategy)[:, 0]
+    if error is not None:
+        raise error
+    if failed.any():
+        ranks = ", ".join(str(int(i)) for i in np.flatnonzero(failed))
+        raise PeerFailedError(
+            f"{what} failed on worker(s) {ranks}; the error is in that worker's log. "
+            "Every worker stops here."
+        )
+    return result
 
 
 def _task_rank(strategy: Any) -> int:

@@ -211,23 +211,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._backup()
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self.delete_checkpoint and collective.is_chief() and os.path.exists(self.backup_dir):
-            shutil.rmtree(self.backup_dir)
-            self._on_disk = None
-        strategy = self.model.distribute_strategy
-        if collective.spans_workers(strategy):  # the next fit reads what the chief left
-            collective.agree(True, strategy)
+        def delete() -> None:
+            if self.delete_checkpoint and collective.is_chief() and os.path.exists(self.backup_dir):
+                shutil.rmtree(self.backup_dir)
+                self._on_disk = None
+
+        # also makes the next fit read what the chief left
+        collective.together(delete, f"{type(self).__name__}: deleting {self.backup_dir}",
+                            self.model.distribute_strategy)
 
     # --- restoring -------------------------------------------------------------
 
     def _restore(self) -> None:
-        if collective.is_chief() and os.path.isdir(self.backup_dir):
-            for name in os.listdir(self.backup_dir):  # left by a writer that was killed
-                if _atomic.is_temp_name(name):
-                    _atomic.remove(os.path.join(self.backup_dir, name))
-        latest = _look(self._weights_path, self._training_metadata_path)
-        previous = _look(self._prev_weights_path, self._prev_training_metadata_path)
         strategy = self.model.distribute_strategy
+        latest, previous = collective.together(
+            self._look_both, f"{type(self).__name__}: reading {self.backup_dir}", strategy
+        )
         if collective.spans_workers(strategy):
             check_shared(collective.all_gather(encode(latest, previous), strategy), self.backup_dir)
         source = pick(latest, previous)
@@ -238,14 +237,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if source == "previous":
             if not self._load(self._prev_weights_path, strategy):
                 raise OSError(f"Unable to load the backup {self._prev_weights_path}.")
-            if collective.is_chief():  # as Keras: the previous backup becomes the latest
-                self._promote_previous()
+            collective.together(  # as Keras: the previous backup becomes the latest
+                self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}",
+                strategy,
+            )
         snapshot = {"latest": latest, "previous": previous}.get(source or "")
         self._on_disk = snapshot if isinstance(snapshot, Snapshot) else None
         if self._on_disk is not None and self._on_disk.epoch is not None:
             compat.set_initial_epoch(self.model, self._on_disk.epoch)
 
+    def _look_both(self) -> tuple[Snapshot | str | None, Snapshot | str | None]:
+        """What this worker sees of both backups; the chief first clears stale temporaries."""
+        if collective.is_chief() and os.path.isdir(self.backup_dir):
+            for name in os.listdir(self.backup_dir):  # left by a writer that was killed
+                if _atomic.is_temp_name(name):
+                    _atomic.remove(os.path.join(self.backup_dir, name))
+        return (_look(self._weights_path, self._training_metadata_path),
+                _look(self._prev_weights_path, self._prev_training_metadata_path))
+
     def _promote_previous(self) -> None:
+        if not collective.is_chief():
+            return
         if os.path.exists(self._prev_training_metadata_path):
             _copy_atomic(self._prev_training_metadata_path, self._training_metadata_path)
         elif os.path.exists(self._training_metadata_path):
@@ -286,6 +298,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         return False
 
     def _backup(self) -> None:
+        collective.together(self._backup_here, f"{type(self).__name__}: writing {self._weights_path}",
+                            self.model.distribute_strategy)
+
+    def _backup_here(self) -> None:
         if not collective.is_chief():
             scratch = tempfile.mkdtemp(prefix="kmp-backup-")
             try:  # same reads of distributed variables as the chief, nothing kept

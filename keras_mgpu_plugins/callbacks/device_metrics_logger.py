@@ -179,8 +179,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
             series = self._gather_series() if self._plot_gathered else None
-            if self._chief:
-                self._finish(series)
+            collective.together(lambda: self._chief and self._finish(series),
+                                "DeviceMetricsLogger: the plot and summary", self._strategy)
         finally:
             self._close_run()
 
@@ -203,7 +203,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
         workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
         metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas))
-        self._write(kind, batch, metrics)
+        collective.together(lambda: self._write(kind, batch, metrics),  # chief-only files
+                            "DeviceMetricsLogger: writing a record", self._strategy)
         events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
         return workers, metrics
 
@@ -257,8 +258,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._epoch_ends: list[float] = []
         self._run_intervals: list[tuple[np.ndarray, np.ndarray]] = []
         self.records = []
-        self._csv = CSVSink(self.csv_path) if self._chief and self.csv_path else None
-        self._tb = TensorBoardSink(self.log_dir) if self._chief and self.log_dir else None
+        self._csv = self._tb = None
+        collective.together(self._open_sinks, "DeviceMetricsLogger: opening its files", self._strategy)
         self._thread = SamplerThread(self._read, self.sample_interval)
         self._thread.start()
         self._warn_once_about_gpus()
@@ -266,6 +267,12 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             compat.hide_from_progbar(self.model, self._hidden_from_progbar)
             if self.progbar == "summary" else None
         )
+
+    def _open_sinks(self) -> None:
+        if self._chief and self.csv_path:
+            self._csv = CSVSink(self.csv_path)
+        if self._chief and self.log_dir:
+            self._tb = TensorBoardSink(self.log_dir)
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]

@@ -270,21 +270,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 f"Filepath used is an existing directory: {filepath}"
                 + ("" if collective.is_chief() else " (on the chief worker)")
             )
-        error = None
-        try:
-            self._save_here(record, filepath)
-        except Exception as err:  # noqa: BLE001 - raised below, once every worker knows
-            error = err
-        strategy = self._strategy()
-        if collective.spans_workers(strategy):  # a worker failing alone must not leave peers waiting
-            elsewhere = collective.agree(error is not None, strategy, how="any") and error is None
-            if elsewhere:
-                raise RuntimeError(
-                    f"{type(self).__name__}: saving {filepath} failed on another worker; "
-                    "its error is in that worker's log. Every worker stops here."
-                )
-        if error is not None:
-            raise error
+        collective.together(lambda: self._save_here(record, filepath),
+                            f"{type(self).__name__}: saving {filepath}", self._strategy())
 
     def _save_here(self, record: dict[str, Any], filepath: str) -> None:
         """This worker's part of a save: the chief writes, the others read along."""

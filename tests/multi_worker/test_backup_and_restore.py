@@ -200,3 +200,32 @@ def test_batch_backups_written_by_the_chief_alone(tmp_path):
     model.load_weights(os.path.join(backup_dir, "latest.weights.h5"))  # complete and loadable
     assert int(model.optimizer.iterations.numpy()) == 4 + 2  # the 6th of 8 steps
     assert_bit_identical(results[0]["weights"], results[1]["weights"])
+
+
+def backup_blocked_on_the_chief(backup_dir):
+    """After the first backup, a folder takes the backup's name on the chief's disk."""
+    import keras
+
+    from keras_mgpu_plugins.callbacks import BackupAndRestore
+
+    def block(epoch, logs):
+        if kmp.topology().is_chief and epoch == 0:  # listed after the backup: it exists now
+            os.remove(os.path.join(backup_dir, "latest.weights.h5"))
+            os.makedirs(os.path.join(backup_dir, "latest.weights.h5", "in_the_way"))
+
+    try:
+        train([BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=block)])
+    except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(tmp_path):
+    backup_dir = str(tmp_path / "backup")
+    chief, other = kmp.launch(backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,),
+                              timeout=200)
+    assert chief.startswith(("IsADirectoryError", "OSError")) and "latest.weights.h5" in chief
+    assert other == (
+        f"PeerFailedError: BackupAndRestore: writing {backup_dir}/latest.weights.h5 failed on "
+        "worker(s) 0; the error is in that worker's log. Every worker stops here."
+    )

@@ -28,7 +28,21 @@ def exchange():
         "all": collective.agree(rank == 1, strategy, how="all"),
         "chief_vote": collective.agree(rank == 0, strategy, how="chief"),
         "broadcast": collective.broadcast(np.array([10.0 * (rank + 1)]), strategy),
+        "together_ok": collective.together(lambda: rank * 2, "doubling", strategy),
+        "together_failed": failed_together(collective, strategy, rank),
     }
+
+
+def failed_together(collective, strategy, rank):
+    def fail_on_worker_1():
+        if rank == 1:
+            raise KeyError("only here")
+
+    try:
+        collective.together(fail_on_worker_1, "the step", strategy)
+    except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def test_collectives_between_two_workers():
@@ -43,6 +57,12 @@ def test_collectives_between_two_workers():
         np.testing.assert_array_equal(r["bools"], [[False], [True]])
         assert (r["any"], r["all"], r["chief_vote"]) == (True, False, True)
         np.testing.assert_array_equal(r["broadcast"], [10.0])
+    assert [r["together_ok"] for r in results] == [0, 2]
+    assert [r["together_failed"] for r in results] == [
+        "PeerFailedError: the step failed on worker(s) 1; the error is in that worker's log. "
+        "Every worker stops here.",
+        "KeyError: 'only here'",
+    ]
 
 
 def test_collectives_answer_locally_in_one_process():
@@ -53,3 +73,6 @@ def test_collectives_answer_locally_in_one_process():
     assert collective.broadcast([3]).tolist() == [3]
     with pytest.raises(ValueError, match="Received: how='most'"):
         collective.agree(True, how="most")
+    assert collective.together(lambda: "done", "a step") == "done"
+    with pytest.raises(KeyError, match="only here"):  # its own error, untouched
+        collective.together(lambda: {}["only here"], "a step")

@@ -130,3 +130,35 @@ def test_only_the_chief_writes_files_and_prints(run):
         ["0", "GPU:0"], ["0", "GPU:1"], ["1", "GPU:0"], ["1", "GPU:1"]]
     assert lines[3].split()[2:4] == [str(memory(0, 3) + 1000), str(memory(0, 3) + 1000)]
     assert other["printed"] == ""
+
+
+def csv_blocked_on_the_chief(root):
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+    from keras_mgpu_plugins.samplers import ScriptedSampler
+
+    blocker = os.path.join(root, "a_file")
+    with open(blocker, "w") as f:
+        f.write("not a folder")
+    chief = kmp.topology().is_chief
+    logger = DeviceMetricsLogger(  # the chief's folder is a file: its first CSV row fails
+        csv_path=os.path.join(blocker if chief else root, "metrics.csv"), summary=False,
+        sample_interval=None, sampler=ScriptedSampler([{"GPU:0": {"memory_mb": 1.0}}]),
+    )
+    x = np.ones((GLOBAL_BATCH * STEPS, 5), "float32")
+    try:
+        kmp.parallelize(build_model)().fit(x, x[:, :1], batch_size=GLOBAL_BATCH, epochs=3,
+                                           verbose=0, callbacks=[logger])
+    except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def test_a_csv_failing_on_the_chief_stops_every_worker_at_that_record(tmp_path):
+    chief, other = kmp.launch(csv_blocked_on_the_chief, num_workers=2, args=(str(tmp_path),),
+                              timeout=200)
+    assert chief.startswith(("NotADirectoryError", "FileExistsError")) and "a_file" in chief
+    assert other == (
+        "PeerFailedError: DeviceMetricsLogger: writing a record failed on worker(s) 0; "
+        "the error is in that worker's log. Every worker stops here."
+    )
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]  # worker 1 wrote nothing

@@ -285,8 +285,8 @@ def test_sync_write_error_on_the_chief_stops_both_workers_at_that_save(failing):
     chief, other = chief["sync_writer"], other["sync_writer"]
     assert chief["error"] is not None and "another worker" not in chief["error"]
     assert other["error"] == (
-        f"RuntimeError: ModelCheckpoint: saving {folder}/sync_writer/1.weights.h5 failed on "
-        "another worker; its error is in that worker's log. Every worker stops here."
+        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_writer/1.weights.h5 failed on "
+        "worker(s) 0; the error is in that worker's log. Every worker stops here."
     )
     assert chief["begun"] == other["begun"] == [0]
     assert os.listdir(folder / "sync_writer") == []
