@@ -28,7 +28,23 @@ RUN_KEYS = {
     "step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "throughput/steps_per_sec",
     "throughput/samples_per_sec", "throughput/samples_per_sec_per_replica",
 }
-HOST_KEYS = {"host/memory_mb", "host/cpu_pct", "host/tf_memory_mb", "host/tf_peak_memory_mb"}
+TF_HOST_KEYS = {"host/tf_memory_mb", "host/tf_peak_memory_mb"}
+
+
+def tf_reports_host_memory() -> bool:
+    """Whether TensorFlow keeps host allocator statistics in this process.
+
+    TensorFlow 2.21's default CPU allocator keeps none ("Allocator stats not
+    available"); its BFC allocator (`TF_CPU_ALLOCATOR_USE_BFC=true`) does.
+    """
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError:
+        return False
+    return True
+
+
+HOST_KEYS = {"host/memory_mb", "host/cpu_pct"} | (TF_HOST_KEYS if tf_reports_host_memory() else set())
 
 
 def tiny_model():
@@ -76,7 +92,7 @@ def test_one_device_without_gpu_reports_host_and_run_and_warns_once(monkeypatch,
     ]
     rss = psutil.Process().memory_info().rss / 2**20
     assert history["host/memory_mb"][-1] == pytest.approx(rss, rel=0.25)
-    assert all(v >= 0 for v in history["host/cpu_pct"] + history["host/tf_memory_mb"])
+    assert all(v >= 0 for v in history["host/cpu_pct"] + history.get("host/tf_memory_mb", []))
     for e in range(2):
         assert 0 < history["step_time/p50_ms"][e] <= history["step_time/p95_ms"][e]
         per_sec = history["throughput/steps_per_sec"][e]
@@ -266,3 +282,34 @@ def test_tensorflow_memory_info_on_cpu_is_one_shared_host_allocator():
         held = tf.ones((1024, 1024))  # 4 MB
     assert sampler.sample()["tf_memory_mb"] - before == pytest.approx(4.0, abs=0.5)
     del held
+
+
+HOST_TF_SCRIPT = """
+import json, keras, numpy as np, tensorflow as tf
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import DeviceMetricsLogger
+kmp.simulate_devices(2)
+held = tf.ones((4 * 1024, 1024))  # 16 MB held by TensorFlow's host allocator through the fit
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+history = model.fit(np.ones((64, 6), "float32"), np.ones((64, 1), "float32"), batch_size=16,
+                    epochs=2, verbose=0, callbacks=[DeviceMetricsLogger(summary=False)])
+print(json.dumps({k: v for k, v in history.history.items() if k.startswith("host/tf_")}))
+"""
+
+
+def test_host_allocator_keys_where_tensorflow_keeps_statistics(tmp_path):
+    """TF's BFC host allocator keeps statistics: then host/tf_* appear, at least what is held."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", HOST_TF_SCRIPT], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    keys = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(keys) == TF_HOST_KEYS
+    for epoch in range(2):
+        assert 16 <= keys["host/tf_memory_mb"][epoch] <= keys["host/tf_peak_memory_mb"][epoch]
