@@ -7,7 +7,9 @@ Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask
 - `agree(flag)`: one boolean every worker holds after the call;
 - `broadcast(value)`: the chief's value, on every worker;
 - `together(action, what)`: runs this worker's part of a step; if it raised on
-  any worker, every worker raises (no worker is left waiting alone).
+  any worker, every worker raises (no worker is left waiting alone);
+- `same_settings(settings, owner)`: raises on every worker if the arguments
+  that decide where a callback's collectives run differ between workers.
 
 Each is a collective: every worker must call it, in the same order, with
 vectors of the same shape and dtype. In a single process (or under a strategy
@@ -17,7 +19,8 @@ both cases.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -158,6 +161,50 @@ def together(action: Callable[[], T], what: str, strategy: Any | None = None) ->
             "Every worker stops here."
         )
     return result
+
+
+class SettingsDifferError(ValueError):
+    """A callback was created with different arguments on different workers."""
+
+
+def same_settings(settings: Mapping[str, Any], owner: str, strategy: Any | None = None) -> None:
+    """Checks that `settings` are the same on every worker; raises on every worker if not.
+
+    A callback whose arguments decide when it runs a collective (`save_freq`,
+    `patience`, `every_n_batches`, ...) would, created differently on two
+    workers, run a different number of collectives there, and the job would
+    hang at the first one that one worker skips. Calling this from
+    `on_train_begin` turns that hang into an error naming the arguments.
+    One all-gather of one CRC-32 per setting (of its `repr`) when the strategy
+    spans workers; nothing otherwise.
+
+    Args:
+        settings: Argument names to values with a stable `repr` (numbers,
+            strings, booleans, None, tuples of those).
+        owner: What the settings belong to, for the message (e.g. the class name).
+        strategy: The strategy whose workers take part (default: the current).
+
+    Raises:
+        SettingsDifferError: On every worker, naming the settings that differ
+            from the chief's, this worker's values and the workers that differ.
+    """
+    if not spans_workers(strategy):
+        return
+    names = sorted(settings)
+    digests = np.array([zlib.crc32(repr(settings[n]).encode()) for n in names], np.int64)
+    gathered = all_gather(digests, strategy)
+    differ = {n: np.flatnonzero(gathered[:, i] != gathered[0, i]) for i, n in enumerate(names)}
+    differ = {n: ranks for n, ranks in differ.items() if ranks.size}
+    if differ:
+        details = "; ".join(
+            f"{n} (here {settings[n]!r}; differs from the chief's on worker(s) "
+            f"{', '.join(str(int(r)) for r in ranks)})" for n, ranks in differ.items()
+        )
+        raise SettingsDifferError(
+            f"{owner} must be created with the same arguments on every worker: they decide "
+            "where it runs collective operations, and a worker that runs fewer would leave "
+            f"the others waiting. Differing: {details}."
+        )
 
 
 def _task_rank(strategy: Any) -> int:

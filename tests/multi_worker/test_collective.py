@@ -30,7 +30,18 @@ def exchange():
         "broadcast": collective.broadcast(np.array([10.0 * (rank + 1)]), strategy),
         "together_ok": collective.together(lambda: rank * 2, "doubling", strategy),
         "together_failed": failed_together(collective, strategy, rank),
+        "same_ok": collective.same_settings({"patience": 3, "mode": "min"}, "Stopper", strategy),
+        "same_differs": differing_settings(collective, strategy, rank),
     }
+
+
+def differing_settings(collective, strategy, rank):
+    try:
+        collective.same_settings({"patience": 3 + rank, "mode": "min", "every": None},
+                                 "Stopper", strategy)
+    except collective.SettingsDifferError as err:
+        return str(err)
+    return None
 
 
 def failed_together(collective, strategy, rank):
@@ -58,6 +69,14 @@ def test_collectives_between_two_workers():
         assert (r["any"], r["all"], r["chief_vote"]) == (True, False, True)
         np.testing.assert_array_equal(r["broadcast"], [10.0])
     assert [r["together_ok"] for r in results] == [0, 2]
+    assert [r["same_ok"] for r in results] == [None, None]
+    for rank, r in enumerate(results):  # both raise, each naming its own value
+        assert r["same_differs"] == (
+            "Stopper must be created with the same arguments on every worker: they decide "
+            "where it runs collective operations, and a worker that runs fewer would leave the "
+            f"others waiting. Differing: patience (here {3 + rank}; differs from the chief's on "
+            "worker(s) 1)."
+        )
     assert [r["together_failed"] for r in results] == [
         "PeerFailedError: the step failed on worker(s) 1; the error is in that worker's log. "
         "Every worker stops here.",
@@ -74,5 +93,6 @@ def test_collectives_answer_locally_in_one_process():
     with pytest.raises(ValueError, match="Received: how='most'"):
         collective.agree(True, how="most")
     assert collective.together(lambda: "done", "a step") == "done"
+    assert collective.same_settings({"patience": object()}, "Stopper") is None  # nothing to compare
     with pytest.raises(KeyError, match="only here"):  # its own error, untouched
         collective.together(lambda: {}["only here"], "a step")
