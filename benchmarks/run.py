@@ -30,7 +30,6 @@ import io
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -198,22 +197,21 @@ def bench_callbacks(repeats: int, epochs: int, steps: int, batch: int = 256) -> 
 
 
 def bench_fingerprint(mb: float, layers: int, repeats: int) -> list[dict]:
-    """`weight_sync_fingerprint.throughput` prints its medians; the rows are read from them."""
     from weight_sync_fingerprint import throughput
 
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        throughput(argparse.Namespace(mb=mb, layers=layers, repeats=repeats))
-    rates = dict(re.findall(r"^\s*(tf\.reduce_sum|fingerprint)\s+([0-9.]+) GB/s", printed.getvalue(),
-                            flags=re.MULTILINE))
+    with contextlib.redirect_stdout(io.StringIO()):  # its lines are for a human running it alone
+        r = throughput(argparse.Namespace(mb=mb, layers=layers, repeats=repeats))
+    return fingerprint_rows(r, mb)
+
+
+def fingerprint_rows(r: dict, mb: float) -> list[dict]:
+    """Rows from what `weight_sync_fingerprint.throughput` returns."""
     name = f"weight-sync fingerprint vs tf.reduce_sum ({mb:g} MB of float32 weights)"
-    if set(rates) != {"tf.reduce_sum", "fingerprint"}:
-        return unavailable(name, "could not read the GB/s lines printed by "
-                                 f"weight_sync_fingerprint.throughput: {printed.getvalue()[-200:]!r}")
-    fp, total = float(rates["fingerprint"]), float(rates["tf.reduce_sum"])
-    detail = f"median of {repeats} calls"
-    return [row(name, "fingerprint", fp, "GB/s", detail), row(name, "tf.reduce_sum", total, "GB/s", detail),
-            row(name, "ratio fingerprint / reduce_sum", fp / total, "x")]
+    detail = f"median of {r['repeats']} calls"
+    rates = r["gb_per_s"]
+    return [row(name, "fingerprint", rates["fingerprint"], "GB/s", detail),
+            row(name, "tf.reduce_sum", rates["tf.reduce_sum"], "GB/s", detail),
+            row(name, "ratio fingerprint / reduce_sum", r["ratio"], "x")]
 
 
 def bench_checkpoint(repeats: int, epochs: int, width: int, steps: int = 4) -> list[dict]:

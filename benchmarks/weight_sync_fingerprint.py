@@ -46,7 +46,13 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def throughput(args: argparse.Namespace) -> None:
+def throughput(args: argparse.Namespace) -> dict:
+    """Prints the throughput lines and returns them as numbers.
+
+    Returns:
+        `{"gb_per_s": {"fingerprint": ..., "tf.reduce_sum": ...}, "ratio": fingerprint / reduce_sum,
+        "bytes": ..., "variables": ..., "repeats": ...}`, the ratio from the medians.
+    """
     import keras
     import numpy as np
     import tensorflow as tf
@@ -83,10 +89,13 @@ def throughput(args: argparse.Namespace) -> None:
     print(f"1. Throughput over {len(variables)} variables, {nbytes / 2**20:.1f} MiB "
           f"on {variables[0].device} (median of {args.repeats}):")
     medians = {name: statistics.median(t) for name, t in timings.items()}
+    rates = {name: nbytes / median / 1e9 for name, median in medians.items()}
+    ratio = medians["tf.reduce_sum"] / medians["fingerprint"]
     for name, median in medians.items():
-        print(f"   {name:14s} {nbytes / median / 1e9:7.2f} GB/s  ({median * 1e3:.2f} ms)")
-    print(f"   fingerprint / reduce_sum throughput: {medians['tf.reduce_sum'] / medians['fingerprint']:.2f}"
-          "  (target >= 0.50)")
+        print(f"   {name:14s} {rates[name]:7.2f} GB/s  ({median * 1e3:.2f} ms)")
+    print(f"   fingerprint / reduce_sum throughput: {ratio:.2f}  (target >= 0.50)")
+    return {"gb_per_s": rates, "ratio": ratio, "bytes": nbytes, "variables": len(variables),
+            "repeats": args.repeats}
 
 
 def overhead(args: argparse.Namespace) -> None:

@@ -1,0 +1,116 @@
+"""benchmarks/run.py without running its benchmarks: rows, table, `--only` and the JSON it writes.
+
+`benchmarks/` is not a package: run.py is loaded from its file, and puts its own
+folder on `sys.path` (as when it runs as a script) so that it imports its sibling
+scripts; the fixture takes that folder off again afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers"]
+
+
+@pytest.fixture(scope="module")
+def run():
+    path, modules = list(sys.path), set(sys.modules)
+    spec = importlib.util.spec_from_file_location("kmp_benchmarks_run", RUN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:  # its sibling scripts, imported as top-level modules
+        if getattr(sys.modules[name], "__file__", "") and Path(sys.modules[name].__file__).parent == RUN_PY.parent:
+            del sys.modules[name]
+
+
+def test_values_are_formatted_by_unit(run):
+    assert run.format_value(run.row("b", "m", 1.02063, "x")) == "1.021x"
+    assert run.format_value(run.row("b", "m", 4.44, "ms")) == "4.4 ms"
+    assert run.format_value(run.row("b", "m", 9999.94, "samples/s")) == "9,999.9 samples/s"
+    assert run.format_value(run.row("b", "m", 52298.4, "samples/s")) == "52,298 samples/s"
+    assert run.format_value(run.row("b", "not available", None, "", "why")) == "-"
+
+
+def test_the_table_groups_rows_under_their_benchmark(run):
+    rows = [run.row("first", "step time", 4.4, "ms"),
+            run.row("first", "ratio a / b", 1.0206, "x", "median of 6"),
+            *run.unavailable("second", "script or module missing (No module named 'x')")]
+    assert run.table(rows).splitlines() == [
+        "first",
+        "  step time                4.4 ms",
+        "  ratio a / b              1.021x  median of 6",
+        "",
+        "second",
+        "  not available                 -  script or module missing (No module named 'x')",
+    ]
+
+
+def test_fingerprint_rows_come_from_the_numbers_throughput_returns(run):
+    rows = run.fingerprint_rows({"gb_per_s": {"fingerprint": 14.2, "tf.reduce_sum": 21.7}, "ratio": 0.656,
+                                 "bytes": 16 << 20, "variables": 8, "repeats": 5}, mb=16)
+    name = "weight-sync fingerprint vs tf.reduce_sum (16 MB of float32 weights)"
+    assert rows == [run.row(name, "fingerprint", 14.2, "GB/s", "median of 5 calls"),
+                    run.row(name, "tf.reduce_sum", 21.7, "GB/s", "median of 5 calls"),
+                    run.row(name, "ratio fingerprint / reduce_sum", 0.656, "x")]
+
+
+def test_only_offers_each_benchmark_and_each_has_its_settings(run):
+    assert [key for _, key, _ in run.BENCHMARKS] == KEYS
+    for size in ("quick", "full"):
+        assert sorted(run.SETTINGS[size]) == sorted(KEYS)
+        for _, key, bench in run.BENCHMARKS:
+            inspect.signature(bench).bind(**run.SETTINGS[size][key])  # main calls bench(**settings)
+
+
+def test_an_unknown_only_choice_is_refused_before_anything_runs(run, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--only", "fingerprint", "nope"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_the_json_holds_the_rows_printed_and_the_machine(run, tmp_path, monkeypatch, capsys):
+    """The real fingerprint benchmark, tiny (no training); two others replaced by failing stand-ins."""
+    def missing(**settings):
+        raise ImportError("No module named 'checkpoint_async'")
+
+    def broken(**settings):
+        raise RuntimeError("boom")
+
+    fakes = {"callbacks": missing, "checkpoint": broken}
+    monkeypatch.setattr(run, "BENCHMARKS", tuple(
+        (title, key, fakes.get(key, bench)) for title, key, bench in run.BENCHMARKS))
+    monkeypatch.setitem(run.SETTINGS["quick"], "fingerprint", {"mb": 0.25, "layers": 2, "repeats": 1})
+    path = tmp_path / "results.json"
+    returned = run.main(["--quick", "--only", "checkpoint", "fingerprint", "callbacks", "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert written == json.loads(json.dumps(returned))
+    assert written["quick"] is True and written["seconds"] >= 0
+    assert set(written["machine"]) == {"platform", "python", "cpu_cores", "gpus", "tensorflow", "keras",
+                                       "keras_mgpu_plugins"}
+    rows = written["rows"]
+    assert [(r["benchmark"].split(" (")[0], r["metric"]) for r in rows] == [
+        ("callback overhead vs plain fit", "not available"),  # in BENCHMARKS order, not --only's
+        ("weight-sync fingerprint vs tf.reduce_sum", "fingerprint"),
+        ("weight-sync fingerprint vs tf.reduce_sum", "tf.reduce_sum"),
+        ("weight-sync fingerprint vs tf.reduce_sum", "ratio fingerprint / reduce_sum"),
+        ("checkpoint: training blocked per save", "not available"),
+    ]
+    assert rows[0]["detail"] == "script or module missing (No module named 'checkpoint_async')"
+    assert rows[4]["detail"] == "failed: RuntimeError: boom"
+    fingerprint, total, ratio = (r["value"] for r in rows[1:4])
+    assert fingerprint > 0 and total > 0 and ratio == pytest.approx(fingerprint / total)
+    assert [r["unit"] for r in rows[1:4]] == ["GB/s", "GB/s", "x"]
+    assert rows[1]["benchmark"] == "weight-sync fingerprint vs tf.reduce_sum (0.25 MB of float32 weights)"
+    out = capsys.readouterr().out
+    assert run.table(rows) in out and "--quick" in out
+    assert "Throughput over" not in out  # throughput's own lines are for a human running it alone
