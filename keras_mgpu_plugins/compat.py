@@ -51,21 +51,45 @@ logger = logging.getLogger("keras_mgpu_plugins")
 
 _lock = threading.Lock()
 _applied: dict[str, Any] = {}
+_warned_patches: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """A workaround: what it fixes, where, and for which Keras versions."""
+    """A workaround: what it fixes, where, and for which Keras versions.
+
+    Attributes:
+        name: Its name, as `patch_keras()` returns it.
+        upstream: The upstream issue.
+        min_version: First Keras version with the code it fixes (read from the
+            released sources); older ones do not have that code.
+        max_version: First version nobody has checked (exclusive).
+        apply: Applies it; returns a function that undoes it.
+        present: Whether the installed Keras still has the code it fixes
+            (`None` when its source cannot be read).
+    """
 
     name: str
     upstream: str
     min_version: str
     max_version: str  # exclusive: the first version not known to need it
     apply: Callable[[], Any]
+    present: Callable[[], bool | None] = lambda: None
 
     def applies_to(self, version: str) -> bool:
         v = Version(version)
         return Version(self.min_version) <= v < Version(self.max_version)
+
+
+def _source_has(obj: Any, *needles: str) -> bool | None:
+    """Whether `obj`'s source holds every needle; `None` if the source cannot be read."""
+    import inspect
+
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+    return all(needle in source for needle in needles)
 
 
 # --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
@@ -91,7 +115,10 @@ def _patch_symbolic_build() -> Any:
             return
         strategy = self.distribute_strategy
         if iterator is not None:
-            for _, _, it in iterator:
+            # Keras 3.5-3.6 yield (step, it) from enumerate_epoch(); 3.7-3.10 (step, it)
+            # from the iterator; 3.11+ (begin, end, it).
+            epoch = iterator.enumerate_epoch() if hasattr(iterator, "enumerate_epoch") else iterator
+            for *_, it in epoch:
                 data_batch = tree.map_structure(
                     lambda v: (
                         strategy.experimental_local_results(v)[0]
@@ -137,20 +164,38 @@ def _patch_reduce_per_replica() -> Any:
     return lambda: setattr(tf_trainer, "reduce_per_replica", original)
 
 
+def _symbolic_build_reduces_batch() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    method = tf_trainer.TensorFlowTrainer.__dict__.get("_maybe_symbolic_build")
+    return None if method is None else _source_has(method, "reduce(", '"MEAN"')
+
+
+def _reduce_per_replica_uses_axis_0() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return _source_has(tf_trainer.reduce_per_replica, 'strategy.reduce("MEAN", v, axis=0)')
+
+
+# Versions read from the released sources: `_maybe_symbolic_build` first appears
+# in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
+# "auto" meant a sum with axis=None, which works). Run-tested: see docs/compat.
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="symbolic_build_per_replica_batch",
         upstream="https://github.com/keras-team/keras/issues/20585",
-        min_version="3.0.0",
+        min_version="3.5.0",
         max_version="3.16.0",
         apply=_patch_symbolic_build,
+        present=_symbolic_build_reduces_batch,
     ),
     Patch(
         name="multi_worker_scalar_log_reduce",
         upstream="https://github.com/keras-team/keras/issues/20585",
-        min_version="3.0.0",
+        min_version="3.3.0",
         max_version="3.16.0",
         apply=_patch_reduce_per_replica,
+        present=_reduce_per_replica_uses_axis_0,
     ),
 )
 
@@ -159,6 +204,11 @@ def patch_keras() -> list[str]:
     """Applies the Keras workarounds known for the installed version. Idempotent.
 
     Only the TensorFlow backend is patched; other backends are left untouched.
+    A patch applies from its `min_version` (older Keras lacks the code it fixes)
+    while the installed Keras still has that code (`Patch.present`). On a Keras
+    newer than the versions it was checked for, it applies with one warning if
+    the code is still there, and is skipped with one warning if it is gone (an
+    upstream fix, or a change to check).
 
     Returns:
         The names of the patches in force after the call.
@@ -172,11 +222,33 @@ def patch_keras() -> list[str]:
 
     if keras.backend.backend() != "tensorflow":
         return []
+    version = keras.__version__
     with _lock:
         for patch in PATCHES:
-            if patch.name not in _applied and patch.applies_to(keras.__version__):
-                _applied[patch.name] = patch.apply()
+            if patch.name in _applied or Version(version) < Version(patch.min_version):
+                continue
+            present = patch.present()
+            checked = patch.applies_to(version)
+            if present is False or (present is None and not checked):
+                _warn_patch(patch, f"Keras {version} no longer has the code it fixes "
+                                   f"({'changed' if present is False else 'unreadable'}); not "
+                                   "applied. If multi-worker fit fails, please report it.")
+                continue
+            if not checked:
+                _warn_patch(patch, f"Keras {version} still has the code it fixes; applied.")
+            _applied[patch.name] = patch.apply()
         return list(_applied)
+
+
+def _warn_patch(patch: Patch, what: str) -> None:
+    import warnings
+
+    key = f"patch:{patch.name}"
+    if key not in _warned_patches:
+        _warned_patches.add(key)
+        warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for Keras "
+                      f">={patch.min_version},<{patch.max_version}; {what}", UserWarning,
+                      stacklevel=3)
 
 
 def unpatch_keras() -> None:

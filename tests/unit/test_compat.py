@@ -10,6 +10,7 @@ The last tests scan the package: no module but `compat` reaches into Keras.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import io
 import json
@@ -247,6 +248,66 @@ def test_names_the_patches_replace_are_there():
         "values", "strategy", "reduction"]
     assert callable(tf_trainer._collective_all_reduce_multi_worker)
     assert all(patch.applies_to(keras.__version__) for patch in compat.PATCHES)
+
+
+def test_the_code_each_patch_fixes_is_in_the_installed_keras():
+    """Each patch's `present` check sees the upstream code it replaces (before patching)."""
+    compat.unpatch_keras()
+    try:
+        assert {p.name: p.present() for p in compat.PATCHES} == {p.name: True for p in compat.PATCHES}
+    finally:
+        compat.patch_keras()
+
+
+@pytest.fixture
+def unpatched(monkeypatch):
+    """No patch applied and no patch warning given; the real state is restored after."""
+    compat.unpatch_keras()
+    monkeypatch.setattr(compat, "_warned_patches", set())
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+def pretend(monkeypatch, version, present):
+    monkeypatch.setattr(keras, "__version__", version)
+    patches = tuple(dataclasses.replace(p, present=lambda: present) for p in compat.PATCHES)
+    monkeypatch.setattr(compat, "PATCHES", patches)
+
+
+@pytest.mark.parametrize("version", ["3.2.0", "3.4.1"])
+def test_patches_skip_keras_without_the_code_they_fix(monkeypatch, unpatched, version):
+    pretend(monkeypatch, version, present=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        applied = compat.patch_keras()
+    expected = {"3.2.0": [], "3.4.1": ["multi_worker_scalar_log_reduce"]}[version]
+    assert applied == expected
+
+
+def test_newer_keras_still_with_the_bug_is_patched_with_one_warning(monkeypatch, unpatched):
+    import warnings
+
+    pretend(monkeypatch, "3.16.0", present=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compat.patch_keras() == [p.name for p in compat.PATCHES]
+        compat.unpatch_keras()
+        assert compat.patch_keras() == [p.name for p in compat.PATCHES]  # no second warning
+    assert [str(w.message).split(" (")[0] for w in caught] == [
+        f"kmp.compat patch {p.name}" for p in compat.PATCHES]
+    assert all("Keras 3.16.0 still has the code it fixes; applied." in str(w.message)
+               for w in caught)
+
+
+@pytest.mark.parametrize("version", ["3.15.1", "3.16.0"])
+def test_keras_without_the_buggy_code_is_not_patched_and_says_so(monkeypatch, unpatched, version):
+    pretend(monkeypatch, version, present=False)
+    with pytest.warns(UserWarning, match=rf"Keras {version} no longer has the code it fixes"):
+        assert compat.patch_keras() == []
 
 
 # --- the version policy ------------------------------------------------------------------
