@@ -50,7 +50,9 @@ def parallelize(
         factory: The model factory, when used as a bare `@parallelize`.
         strategy: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`, or a
             `tf.distribute.Strategy` instance. One strategy per process: every
-            factory decorated with the same choice shares it.
+            factory decorated with the same choice shares it. A
+            `MultiWorkerMirroredStrategy` of your own gets the Keras fixes of
+            `kmp.compat.patch_keras()` too.
         devices: For `"mirrored"`: the devices to replicate on.
         require_compiled: Raise if the factory returns an uncompiled model
             under a distributing strategy (its optimizer must be created in
@@ -61,7 +63,8 @@ def parallelize(
         decorator when `factory` is not given.
 
     Raises:
-        ValueError: For an unknown strategy name or misplaced `devices`.
+        ValueError: For an unknown strategy name, an object that is not a
+            strategy, or misplaced `devices`.
         StrategyError: If a multi-worker strategy is needed after TensorFlow's
             runtime started.
 
@@ -87,6 +90,8 @@ def parallelize(
                 f"devices only applies to the mirrored strategy, but strategy={strategy!r} "
                 f"resolves to {name!r}. Received: devices={list(devices)!r}"
             )
+    else:
+        _strategy.check_instance(strategy, devices)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)

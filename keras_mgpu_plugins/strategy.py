@@ -69,13 +69,13 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
     """
     import tensorflow as tf
 
-    if isinstance(spec, tf.distribute.Strategy):
-        return spec
     if not isinstance(spec, str):
-        raise ValueError(
-            "strategy must be a name or a tf.distribute.Strategy instance. "
-            f"Received: strategy={spec!r} of type {type(spec).__name__}"
-        )
+        check_instance(spec, devices)
+        if isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
+            from keras_mgpu_plugins import compat
+
+            compat.patch_keras()  # the user's own strategy needs the same Keras fixes
+        return spec
     name = resolve_name(spec, topology())
     if devices is not None and name != "mirrored":
         raise ValueError(
@@ -89,6 +89,25 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
         if key not in _strategies:
             _strategies[key] = _create(name, key[1])
         return _strategies[key]
+
+
+def check_instance(spec: Any, devices: Sequence[str] | None) -> None:
+    """Raises unless `spec` is a `tf.distribute.Strategy` instance given without `devices`."""
+    import tensorflow as tf
+
+    if not isinstance(spec, tf.distribute.Strategy):
+        hint = (f" Did you mean {spec.__name__}() (an instance)?"
+                if isinstance(spec, type) and issubclass(spec, tf.distribute.Strategy) else "")
+        raise ValueError(
+            f"strategy must be one of {list(STRATEGY_NAMES)} or a tf.distribute.Strategy "
+            f"instance. Received: strategy={spec!r} of type {type(spec).__name__}.{hint}"
+        )
+    if devices is not None:
+        raise ValueError(
+            "devices only applies to a strategy that parallelize creates (\"mirrored\"); "
+            f"a {type(spec).__name__} instance already has its devices. Received: "
+            f"devices={list(devices)!r}"
+        )
 
 
 def _create(name: str, devices: tuple[str, ...] | None) -> Any:

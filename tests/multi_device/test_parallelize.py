@@ -89,6 +89,19 @@ def test_unknown_strategy_name_fails_at_decoration():
 def test_devices_only_with_mirrored():
     with pytest.raises(ValueError, match="devices only applies"):
         kmp.parallelize(strategy="default", devices=["/cpu:0"])
+    mine = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with pytest.raises(ValueError, match=r"OneDeviceStrategy instance already has its devices. "
+                                         r"Received: devices=\['/cpu:1'\]"):
+        kmp.parallelize(strategy=mine, devices=["/cpu:1"])
+
+
+def test_a_strategy_class_or_other_object_fails_at_decoration():
+    with pytest.raises(ValueError, match=r"Received: strategy=<class .*MirroredStrategy'> of type "
+                                         r"type\. Did you mean MirroredStrategy\(\)"):
+        kmp.parallelize(strategy=tf.distribute.MirroredStrategy)
+    with pytest.raises(ValueError, match=r"one of \['auto', 'mirrored', 'multi_worker', "
+                                         r"'default'\] .* Received: strategy=2 of type int"):
+        kmp.parallelize(strategy=2)
 
 
 def test_factory_must_return_a_model():

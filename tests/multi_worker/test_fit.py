@@ -143,24 +143,64 @@ def test_predict_returns_every_row_in_the_original_order(results):
         np.testing.assert_allclose(r["predict"], r["local_predict"], atol=1e-6)
 
 
-def fit_without_patches():
+def fit_with_only(names):
+    """One fit with only the named patches applied; the error, or None."""
     import keras_mgpu_plugins as kmp
 
     kmp.compat.unpatch_keras()
+    undo = [p.apply() for p in kmp.compat.PATCHES if p.name in names]
     x, y = make_data()
     model = kmp.parallelize(build_model)()
     try:
         model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
     except Exception as err:  # the upstream failure, keras-team/keras#20585
         return f"{type(err).__name__}: {str(err)[:300]}"
+    finally:
+        for u in reversed(undo):
+            u()
+        kmp.compat.patch_keras()
     return None
 
 
-def test_compat_patches_are_needed():
-    """Fails if upstream Keras fixed keras-team/keras#20585: drop the patches then."""
-    errors = kmp.launch(fit_without_patches, num_workers=2, timeout=240)
-    assert all(e is not None for e in errors), errors
-    assert any("PerReplica" in e for e in errors), errors
+def fit_without_each_patch():
+    from keras_mgpu_plugins import compat
+
+    names = [p.name for p in compat.PATCHES]
+    runs = {"none": fit_with_only([])}
+    for name in names:  # every patch but this one
+        runs[f"all but {name}"] = fit_with_only([n for n in names if n != name])
+    runs["all"] = fit_with_only(names)
+    return runs
+
+
+def test_compat_patches_are_needed_each_one():
+    """Fails if upstream Keras fixed keras-team/keras#20585 (or one half of it): drop that patch."""
+    runs = kmp.launch(fit_without_each_patch, num_workers=2, timeout=240)
+    for worker in runs:
+        assert worker["all"] is None
+        assert "PerReplica" in worker["none"]  # the symbolic build fails first
+        assert "PerReplica" in worker["all but symbolic_build_per_replica_batch"]
+        assert worker["all but multi_worker_scalar_log_reduce"].startswith(  # scalar logs, axis=0
+            "ValueError: Invalid reduction dimension 0 for input with 0 dimensions")
+
+
+def fit_under_own_strategy():
+    """A script that makes its own MultiWorkerMirroredStrategy and hands it to parallelize."""
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    assert not kmp.compat._applied  # nothing has patched Keras in this worker yet
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(build_model)()
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)
+    return history.history["loss"]
+
+
+def test_own_multi_worker_strategy_gets_the_keras_fixes():
+    losses = kmp.launch(fit_under_own_strategy, num_workers=2, create_strategy=False, timeout=240)
+    assert losses[0] == losses[1] and len(losses[0]) == 1
 
 
 def test_patch_keras_is_idempotent_and_version_guarded():
