@@ -5,8 +5,9 @@ whether it is the chief. It is computed from, in order of precedence:
 
 1. `TF_CONFIG` (the variable every `tf.distribute` cluster resolver reads, and
    that Kubernetes operators, Ray Train and `kmp-launch` set);
-2. SLURM (`SLURM_NTASKS > 1`, `SLURM_PROCID`, the step's node list), building the
-   cluster the same way TensorFlow's `SlurmClusterResolver` does;
+2. SLURM (`SLURM_NTASKS > 1` in a task that `srun` started: `SLURM_PROCID`, the
+   step's task count and node list), building the cluster the same way
+   TensorFlow's `SlurmClusterResolver` does;
 3. a single process.
 
 Every callback asks this module (through `keras_mgpu_plugins.collective`)
@@ -249,8 +250,22 @@ def _is_host_port(address: str) -> bool:
 # --- SLURM -------------------------------------------------------------------------
 
 
+#: Set by srun in each task of a job step, never in an sbatch script itself.
+SLURM_STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST")
+
+
 def _from_slurm(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
     ntasks = _int_env(env, "SLURM_NTASKS", default=0) or _int_env(env, "SLURM_NPROCS")
+    if not any(name in env for name in SLURM_STEP_VARS):
+        # The batch script itself (sbatch --ntasks=N), not one of srun's N tasks: as
+        # worker 0 of N it would wait forever for workers nobody started.
+        raise TopologyError(
+            f"SLURM_NTASKS={ntasks}, but this process is not a task of a SLURM job step "
+            f"(none of {', '.join(SLURM_STEP_VARS)} is set): start it with "
+            f"`srun python ...` to train on {ntasks} workers, or with SLURM_NTASKS=1 set "
+            "to train in this one process."
+        )
+    ntasks = _int_env(env, "SLURM_STEP_NUM_TASKS", default=ntasks)
     procid = _int_env(env, "SLURM_PROCID")
     if not 0 <= procid < ntasks:
         raise TopologyError(
@@ -261,7 +276,7 @@ def _from_slurm(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
     if not nodelist:
         raise TopologyError(
             "SLURM_NTASKS > 1 but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST "
-            "is set; run the job step with srun."
+            "is set; start the job step with srun."
         )
     nodes = expand_hostlist(nodelist)
     per_node_raw = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")

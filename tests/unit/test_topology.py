@@ -114,6 +114,14 @@ def test_slurm_without_tasks_per_node_spreads_evenly():
     assert topo.cluster_spec == {"worker": ("n1:8888", "n2:8888")}
 
 
+def test_srun_step_task_count_wins_over_the_jobs():
+    """`sbatch --ntasks=8` then `srun -n 2`: the step's 2 tasks train together."""
+    env = slurm(8, 1, "n[1-2]", "1(x2)", SLURM_STEP_NUM_TASKS="2")
+    topo = topology_from_env(env)
+    assert (topo.num_workers, topo.worker_index) == (2, 1)
+    assert topo.cluster_spec == {"worker": ("n1:8888", "n2:8888")}
+
+
 def test_single_slurm_task_is_single_process():
     assert topology_from_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}).source == "local"
 
@@ -122,7 +130,9 @@ def test_single_slurm_task_is_single_process():
     "env, fragment",
     [
         (slurm(2, 2, "a,b"), "SLURM_PROCID"),
-        ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, "NODELIST"),
+        ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, "NODELIST"),
+        ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "n[1-4]"},
+         "SLURM_NTASKS=4, but this process is not a task of a SLURM job step"),
         (slurm(3, 0, "a,b", "1,1"), "do not add up"),
         ({"SLURM_NTASKS": "two", "SLURM_PROCID": "0"}, "SLURM_NTASKS='two'"),
         (slurm(2, 0, "a[1-"), "Unbalanced"),

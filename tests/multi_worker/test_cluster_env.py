@@ -1,0 +1,146 @@
+"""A script on a cluster: no launcher, only the environment a scheduler sets.
+
+Two plain processes run the same script, as Kubernetes (`TF_CONFIG`) or
+`srun` (SLURM variables) would start them. The module-level `@kmp.parallelize`
+creates the multi-worker strategy itself, before TensorFlow's runtime starts,
+and `fit` trains across both: the workers end bit-identical, with the weights
+one process reaches on the same global batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import keras
+    import tensorflow as tf
+    import keras_mgpu_plugins as kmp
+
+    @kmp.parallelize   # applied at import: creates the strategy before any TF op
+    def build_model():
+        model = keras.Sequential([
+            keras.Input((5,)),
+            keras.layers.Dense(4, activation="tanh",
+                               kernel_initializer=keras.initializers.GlorotUniform(3)),
+            keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4)),
+        ])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1))).astype("float32")
+    model = build_model()
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    topo = kmp.topology()
+    print("RESULT " + json.dumps({
+        "worker": topo.worker_index, "source": topo.source,
+        "replicas": model.distribute_strategy.num_replicas_in_sync,
+        "multi_worker": isinstance(model.distribute_strategy,
+                                   tf.distribute.MultiWorkerMirroredStrategy),
+        "loss": history.history["loss"],
+        "weights": [w.tolist() for w in model.get_weights()],
+    }), flush=True)
+''')
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` consecutive free ports (SLURM's resolver numbers a node's tasks from a base)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            base = probe.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            socks = []
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("localhost", port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return list(range(base, base + n))
+    raise RuntimeError("no consecutive free ports")
+
+
+def run_workers(tmp_path, envs: list[dict[str, str]]) -> list[dict]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "KMP_")) and k != "TF_CONFIG"}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**clean, **env}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for env in envs]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:  # a hang or a failure must not leave a worker behind
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = []
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+        line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    return results
+
+
+def one_process_weights() -> list[np.ndarray]:
+    """The same script's training in this process, without a strategy."""
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((5,)),
+        keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4)),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(64, 5)).astype("float32")
+    y = (x @ rng.normal(size=(5, 1))).astype("float32")
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+def check(results: list[dict], source: str) -> None:
+    assert [r["worker"] for r in results] == [0, 1]
+    for r in results:
+        assert (r["source"], r["replicas"], r["multi_worker"]) == (source, 2, True)
+    assert results[0]["loss"] == results[1]["loss"]
+    assert results[0]["weights"] == results[1]["weights"]  # bit-identical (exact JSON floats)
+    for got, want in zip(results[0]["weights"], one_process_weights(), strict=True):
+        np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+
+
+def test_tf_config_alone_trains_two_workers(tmp_path):
+    ports = free_ports(2)
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
+            for i in range(2)]
+    check(run_workers(tmp_path, envs), "tf_config")
+
+
+def test_srun_variables_alone_train_two_workers(tmp_path):
+    base = free_ports(2)[0]
+    common = {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
+              "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2",
+              "SLURM_JOB_NODELIST": "localhost", "KMP_SLURM_PORT_BASE": str(base)}
+    envs = [{**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)} for i in range(2)]
+    check(run_workers(tmp_path, envs), "slurm")
