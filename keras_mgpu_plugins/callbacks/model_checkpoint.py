@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -46,74 +46,15 @@ import numpy as np
 
 from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, events
+from keras_mgpu_plugins.callbacks._checkpoint_rules import (
+    agreed_logs,
+    check_template,
+    copy_weights,
+    encode_monitored,
+    monitored_value,
+)
 
 _SUFFIX = {"weights": ".weights.h5", "keras": ".keras", "h5": ".h5"}
-_MISSING, _SCALAR, _OTHER = 0.0, 1.0, 2.0
-
-
-def encode_monitored(value: Any) -> np.ndarray:
-    """`[kind, value]` as float64, for broadcasting a monitored log value.
-
-    `kind` is 0 when the value is missing, 1 for a real scalar, 2 otherwise
-    (an array, which Keras does not compare).
-    """
-    if value is None:
-        return np.array([_MISSING, 0.0])
-    array = np.asarray(value)
-    if array.ndim == 0 and array.dtype.kind in "biuf":
-        return np.array([_SCALAR, float(array)])
-    return np.array([_OTHER, 0.0])
-
-
-def agreed_logs(logs: Mapping[str, Any], monitor: str, chief: np.ndarray) -> dict[str, Any]:
-    """`logs` with the chief's monitored value (as encoded by `encode_monitored`).
-
-    Unchanged where this worker already holds the chief's value, so a single
-    process sees exactly Keras's logs.
-    """
-    logs = dict(logs)
-    kind, value = float(chief[0]), float(chief[1])
-    local = logs.get(monitor)
-    if kind == _MISSING:
-        logs.pop(monitor, None)
-    elif kind == _OTHER:
-        if encode_monitored(local)[0] != _OTHER:  # keep Keras's "not a scalar" path
-            logs[monitor] = np.array([value])
-    elif not np.array_equal(encode_monitored(local), chief):
-        logs[monitor] = value
-    return logs
-
-
-def check_template(source: Any, target: Any) -> bool:
-    """Whether `target` needs `source`'s values copied (`False`: it shares them).
-
-    Raises:
-        ValueError: If the two models' weights differ in number or shapes.
-    """
-    sources, targets = source.weights, target.weights
-    if targets and {id(v) for v in targets} <= {id(v) for v in sources}:
-        return False  # the template's variables are the trained ones (e.g. multi_gpu_model)
-    shapes = [tuple(v.shape) for v in sources]
-    wanted = [tuple(v.shape) for v in targets]
-    if shapes != wanted:
-        raise ValueError(
-            "ModelCheckpoint(model=...) saves a template model that must have the "
-            f"same weights as the trained model {source.name!r}, in the same order, "
-            f"to receive them. The trained model has {len(shapes)} weights of shapes "
-            f"{shapes}; the template {target.name!r} has {len(wanted)} weights of shapes "
-            f"{wanted}. Received: model={target.name!r}"
-        )
-    return True
-
-
-def copy_weights(source: Any, target: Any) -> None:
-    """Gives `target` the values of `source`'s weights (nothing to do if shared).
-
-    Raises:
-        ValueError: If the two models' weights differ in number or shapes.
-    """
-    if check_template(source, target):
-        target.set_weights(source.get_weights())
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
@@ -296,7 +237,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             decided = agreed_logs(logs, self.monitor, chief_value[:2])
             if not self._should_save_model(epoch, batch, decided, filepath):
                 return None
-        value = float(chief_value[1]) if chief_value[0] == _SCALAR else None
+        value = monitored_value(chief_value[:2])
         return {
             "path": filepath,
             "epoch": int(epoch),
@@ -414,9 +355,5 @@ class ParallelModelCheckpoint(ModelCheckpoint):
         if model is None:
             raise TypeError(
                 "ParallelModelCheckpoint needs the template model first. Received: model=None"
-            )
-        if "model" in kwargs:
-            raise TypeError(
-                "ParallelModelCheckpoint takes the template as its first argument, not as model=."
             )
         super().__init__(filepath, *args, model=model, **kwargs)

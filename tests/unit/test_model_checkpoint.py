@@ -21,13 +21,13 @@ import pytest
 
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.callbacks import _atomic, events
-from keras_mgpu_plugins.callbacks.model_checkpoint import (
-    ModelCheckpoint,
-    ParallelModelCheckpoint,
+from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
     copy_weights,
     encode_monitored,
+    monitored_value,
 )
+from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint, ParallelModelCheckpoint
 
 INPUT_DIM, NUM_CLASSES, BATCH = 3, 3, 5
 
@@ -93,6 +93,9 @@ def test_encode_monitored_kinds():
     np.testing.assert_array_equal(encode_monitored(3), [1.0, 3.0])
     np.testing.assert_array_equal(encode_monitored(np.array([1.0, 2.0])), [2.0, 0.0])
     assert encode_monitored(0.1).dtype == np.float64  # exact on the wire
+    assert monitored_value(encode_monitored(np.float32(0.5))) == 0.5
+    assert monitored_value(encode_monitored(None)) is None
+    assert monitored_value(encode_monitored(np.zeros(2))) is None
 
 
 def test_agreed_logs_keeps_a_worker_that_holds_the_chiefs_value_untouched():
@@ -182,6 +185,8 @@ def test_our_arguments_are_checked():
         ModelCheckpoint("m.keras", async_save="yes")
     with pytest.raises(TypeError, match="Received: model=None"):
         ParallelModelCheckpoint(None, "m.keras")
+    with pytest.raises(TypeError, match="multiple values for argument 'model'"):
+        ParallelModelCheckpoint(get_model(), "m.keras", model=get_model())
 
 
 def test_parallel_model_checkpoint_takes_the_template_first_then_keras_order():

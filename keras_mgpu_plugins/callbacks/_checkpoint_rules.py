@@ -1,0 +1,90 @@
+"""The small rules `ModelCheckpoint` decides by, with no Keras import.
+
+- `encode_monitored` / `agreed_logs` / `monitored_value`: the chief's monitored
+  value travels to every worker as two float64 numbers, and each worker runs
+  Keras's save decision on logs holding that value;
+- `check_template` / `copy_weights`: a template model (`model=`) receives the
+  trained weights by value before it is saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+_MISSING, _SCALAR, _OTHER = 0.0, 1.0, 2.0
+
+
+def encode_monitored(value: Any) -> np.ndarray:
+    """`[kind, value]` as float64, for broadcasting a monitored log value.
+
+    `kind` is 0 when the value is missing, 1 for a real scalar, 2 otherwise
+    (an array, which Keras does not compare).
+    """
+    if value is None:
+        return np.array([_MISSING, 0.0])
+    array = np.asarray(value)
+    if array.ndim == 0 and array.dtype.kind in "biuf":
+        return np.array([_SCALAR, float(array)])
+    return np.array([_OTHER, 0.0])
+
+
+def monitored_value(encoded: np.ndarray) -> float | None:
+    """The scalar an `encode_monitored` pair holds, or `None` (missing or not a scalar)."""
+    return float(encoded[1]) if float(encoded[0]) == _SCALAR else None
+
+
+def agreed_logs(logs: Mapping[str, Any], monitor: str, chief: np.ndarray) -> dict[str, Any]:
+    """`logs` with the chief's monitored value (as encoded by `encode_monitored`).
+
+    Unchanged where this worker already holds the chief's value, so a single
+    process sees exactly Keras's logs.
+    """
+    logs = dict(logs)
+    kind, value = float(chief[0]), float(chief[1])
+    local = logs.get(monitor)
+    if kind == _MISSING:
+        logs.pop(monitor, None)
+    elif kind == _OTHER:
+        if encode_monitored(local)[0] != _OTHER:  # keep Keras's "not a scalar" path
+            logs[monitor] = np.array([value])
+    elif not np.array_equal(encode_monitored(local), chief):
+        logs[monitor] = value
+    return logs
+
+
+def check_template(source: Any, target: Any) -> bool:
+    """Whether `target` needs `source`'s values copied (`False`: it shares them).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    sources, targets = source.weights, target.weights
+    if targets and {id(v) for v in targets} <= {id(v) for v in sources}:
+        # The template's variables are the trained ones: the trained model wraps the
+        # template (e.g. `Sequential([Input, template])`). `multi_gpu_model` does not
+        # share: its template holds a copy, and is copied into here like any other.
+        return False
+    shapes = [tuple(v.shape) for v in sources]
+    wanted = [tuple(v.shape) for v in targets]
+    if shapes != wanted:
+        raise ValueError(
+            "ModelCheckpoint(model=...) saves a template model that must have the "
+            f"same weights as the trained model {source.name!r}, in the same order, "
+            f"to receive them. The trained model has {len(shapes)} weights of shapes "
+            f"{shapes}; the template {target.name!r} has {len(wanted)} weights of shapes "
+            f"{wanted}. Received: model={target.name!r}"
+        )
+    return True
+
+
+def copy_weights(source: Any, target: Any) -> None:
+    """Gives `target` the values of `source`'s weights (nothing to do if shared).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    if check_template(source, target):
+        target.set_weights(source.get_weights())
