@@ -70,6 +70,11 @@ def real_mnist():
     return (scale(x), y.astype("int64")), (scale(x_val), y_val.astype("int64"))
 
 
+def load_data(mnist: bool = False):
+    """`(x, y), (x_val, y_val)`: images (N, 28, 28, 1) float32 in [0, 1], labels int64."""
+    return real_mnist() if mnist else digits_as_mnist()
+
+
 def make_dataset(x, y, global_batch: int, training: bool):
     """A `tf.data` pipeline: shuffled, batched by the global batch, prefetched.
 
@@ -130,7 +135,7 @@ def main(argv=None) -> dict:
 
     epochs = 2 if args.quick else args.epochs
     out = args.out or tempfile.mkdtemp(prefix="kmp-mnist-")
-    (x, y), (x_val, y_val) = real_mnist() if args.mnist else digits_as_mnist()
+    (x, y), (x_val, y_val) = load_data(mnist=args.mnist)
     if args.quick:
         x, y = x[:512], y[:512]
     keras.utils.set_random_seed(0)
