@@ -90,10 +90,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             are the trained model's own.
         async_save: If `True`, the checkpoint is copied to host memory on the
             training thread and written by a background thread, at most one
-            write at a time (the next save waits for it). Writer errors are
-            raised on the training thread at the next callback hook;
-            `on_train_end` waits for the last write. Copying needs the host
-            memory of one checkpoint.
+            write at a time (the next save waits for it). A writer error is
+            raised on the training thread, on every worker at the same point:
+            at the first epoch end or save point after the write failed, and
+            at the latest at the end of the epoch after the one that saved (a
+            write still running then is waited for). `on_train_end` waits for
+            the last write. Copying needs the host memory of one checkpoint.
 
     Raises:
         ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
@@ -147,6 +149,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
         self._writer_error: BaseException | None = None  # the chief's, until all raise it
+        self._writing_since: int | None = None  # epoch of the save the writer may be busy with
         self._flush = _weak_flush(self)  # the channel must not keep this callback alive
 
     # --- hooks ------------------------------------------------------------------
@@ -180,16 +183,15 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._drain()
+        if self._writer is not None and self.save_freq != "epoch":  # else the save point checks
+            # a write started in an earlier epoch has had an epoch: its outcome is due now
+            self._check_writer(wait=self._writing_since is not None and self._writing_since < epoch)
         super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._writer is not None:
             events.unsubscribe(self.model, "flush", self._flush)
-        self._drain(wait=True)
-        if self._writer is not None:  # every worker learns of the chief's writer error
-            failed = collective.agree(self._writer_error is not None, self._strategy(), how="chief")
-            self._raise_writer_error(failed)
-
+            self._check_writer(wait=True)
 
     # --- saving -----------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         elif self.async_save:
             snapshot = _checkpoint_io.take_snapshot(target, self._kind)
             self._writer.submit(lambda: self._write(snapshot.write, filepath), record)
+            self._writing_since = record["epoch"]
         else:
             self._write(lambda tmp: self._keras_save(target, tmp), filepath)
             self._saved(record)
@@ -273,17 +276,29 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             )
         events.publish(self.model, "checkpoint_saved", dict(record))
 
+    def _check_writer(self, wait: bool) -> None:
+        """Raises the chief's writer error on every worker (epoch ends, train end).
+
+        One agreement on the chief's flag: a collective only when the strategy
+        spans workers, and only with `async_save=True` (the caller's check).
+        """
+        self._drain(wait=wait)
+        failed = collective.agree(self._writer_error is not None, self._strategy(), how="chief")
+        self._raise_writer_error(failed)
+
     def _drain(self, wait: bool = False) -> None:
         """Publishes finished background writes; keeps the first writer error.
 
-        The error is raised at the next save point or at train end, on every
-        worker at once (the chief's flag travels with the save decision), never
-        on the chief alone while the others wait in a collective.
+        The error is raised at the next epoch end or train end
+        (`_check_writer`) or save point (`_decide`), on every worker at once
+        (the chief's flag travels in a collective), never on the chief alone
+        while the others wait in a collective.
         """
         if self._writer is None:
             return
         if wait:
             self._writer.wait()
+            self._writing_since = None
         for record, error in self._writer.collect():
             if error is None:
                 self._saved(record)

@@ -458,6 +458,34 @@ def test_async_writer_error_is_raised_on_the_training_thread_at_the_next_hook(tm
     assert os.listdir(tmp_path) == []  # no file at the final name, no temporary left
 
 
+def test_async_writer_error_surfaces_at_the_next_epoch_end_when_saves_are_epochs_apart(tmp_path):
+    """save_freq=18 batches (3 epochs): saves end epochs 3 and 6; the failure must not wait for 6."""
+    model = keras.Sequential([keras.Input((INPUT_DIM,)), Unwritable(), keras.layers.Dense(NUM_CLASSES)])
+    model.compile(loss="mse", optimizer="sgd")
+    release, released = threading.Event(), []
+
+    class Gated(ModelCheckpoint):
+        def _write(self, write, filepath):  # on the writer thread: fails once released
+            released.append(release.wait(timeout=20))
+            super()._write(write, filepath)
+
+    begun, ended = [], []
+    marker = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda e, logs: (begun.append(e), e == 3 and release.set()),
+        on_epoch_end=lambda e, logs: ended.append(e),
+    )
+    callback = Gated(str(tmp_path / "{epoch}-{batch}.weights.h5"), save_weights_only=True,
+                     save_freq=18, async_save=True)
+    with pytest.raises(Exception) as err:
+        fit(model, [callback, marker], epochs=6)  # 6 batches an epoch
+    assert "saving " + str(tmp_path / "3-6.weights.h5") in "\n".join(err.value.__notes__)
+    # The write of epoch index 2 was still running at that epoch's end (not waited for
+    # there), failed during epoch 3, and was waited for and raised at epoch 3's end.
+    assert released == [True]
+    assert begun == [0, 1, 2, 3] and ended == [0, 1, 2]
+    assert os.listdir(tmp_path) == []
+
+
 def test_async_writes_one_at_a_time_and_train_end_waits(tmp_path):
     spans = []
 
