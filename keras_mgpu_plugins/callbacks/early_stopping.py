@@ -147,13 +147,19 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)  # resets wait, best, ... (reuse across fits)
-        self._rule: StoppingRule | None = None
+        collective.same_settings(  # they decide the stop epoch, hence the collectives run
+            {"monitor": self.monitor, "mode": self.mode, "min_delta": float(self.min_delta),
+             "patience": self.patience, "baseline": self.baseline,
+             "start_from_epoch": self.start_from_epoch,
+             "restore_best_weights": bool(self.restore_best_weights)},
+            type(self).__name__, getattr(self.model, "distribute_strategy", None),
+        )
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.monitor_op is None:
             compat.resolve_monitor_op(self)  # Keras's own inference of mode="auto"
         current = self.get_monitor_value(logs)  # collective: every worker, every epoch
-        rule = self._rule = getattr(self, "_rule", None) or self._make_rule()
+        rule = self._make_rule()  # from the attributes as they are now, as Keras reads them
         verdict = rule.step(epoch, current)
         self.wait, self.best, self.best_epoch = rule.wait, rule.best, rule.best_epoch
         if verdict.improved and self.restore_best_weights:
@@ -186,7 +192,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     def _make_rule(self) -> StoppingRule:
         minimizing = bool(self.monitor_op(0.0, 1.0))  # ops.less or ops.greater
-        return StoppingRule(
+        rule = StoppingRule(
             mode="min" if minimizing else "max",
             min_delta=self.min_delta,
             patience=self.patience,
@@ -194,6 +200,8 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             start_from_epoch=self.start_from_epoch,
             dtype=_float_dtype(keras.config.floatx()),
         )
+        rule.wait, rule.best, rule.best_epoch = self.wait, self.best, self.best_epoch
+        return rule
 
 
 def _chief_value(value: Any, strategy: Any) -> float | None:

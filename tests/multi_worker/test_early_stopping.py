@@ -78,6 +78,12 @@ def train_on_worker():
         epochs = fit(model, [per_worker_custom(values), stopper])
         out[name] = {"epochs": epochs, "stopped": stopper.stopped_epoch, "best": stopper.best,
                      "best_epoch": stopper.best_epoch, "weights": model.get_weights()}
+    # Arguments that differ between workers: both raise in on_train_begin, nothing trains.
+    stopper = EarlyStopping(monitor="val_loss", patience=1 + kmp.topology().worker_index)
+    try:
+        out["differing"] = {"epochs": fit(build(), [stopper])}
+    except ValueError as err:
+        out["differing"] = {"error": f"{type(err).__name__}: {err}"}
     return out
 
 
@@ -149,3 +155,12 @@ def test_keras_own_early_stopping_splits_the_workers():
 
     with pytest.raises((WorkerFailedError, LaunchTimeoutError)):
         kmp.launch(keras_stopper_on_worker, num_workers=2, timeout=90)
+
+
+def test_differing_arguments_stop_both_workers_before_training(results):
+    for rank, r in enumerate(results):
+        assert r["differing"] == {"error": (
+            "SettingsDifferError: EarlyStopping must be created with the same arguments on "
+            "every worker: they decide where it runs collective operations, and a worker that "
+            f"runs fewer would leave the others waiting. Differing: patience (here {1 + rank}; "
+            "differs from the chief's on worker(s) 1).")}

@@ -180,6 +180,30 @@ def test_hooks_agree_with_keras_epoch_by_epoch(settings, restore):
     assert any(e > 0 for e in stopped)  # the sequences do make it stop
 
 
+def test_attributes_changed_during_fit_count_as_in_keras():
+    """Keras reads patience, best and wait at each epoch: a change mid-fit counts from then."""
+    import keras
+
+    def run(callback):
+        callback.set_model(StandInModel())
+        callback.on_train_begin()
+        seen = []
+        for epoch, value in enumerate([0.5, 0.4, 0.45, 0.44, 0.43, 0.42, 0.41, 0.40]):
+            if epoch == 2:
+                callback.patience = 3
+            if epoch == 4:
+                callback.best, callback.wait = 0.1, 0
+            callback.on_epoch_end(epoch, {"val_loss": value})
+            seen.append((callback.wait, callback.best, callback.best_epoch))
+            if callback.model.stop_training:
+                break
+        return seen, callback.stopped_epoch
+
+    ours, theirs = run(EarlyStopping(patience=1)), run(keras.callbacks.EarlyStopping(patience=1))
+    assert ours == theirs
+    assert theirs[1] == 6  # patience 3 from epoch 2; a best of 0.1 set at epoch 4 is never beaten
+
+
 def test_missing_monitor_warns_like_keras():
     stopper = EarlyStopping(monitor="val_auc", mode="max")
     stopper.set_model(StandInModel())
