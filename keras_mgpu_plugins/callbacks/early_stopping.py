@@ -118,6 +118,8 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     is left waiting in a collective. With `restore_best_weights`, every worker
     keeps the weights of the same epoch; synchronous training keeps them
     identical to the bit, on every replica. Messages print on the chief only.
+    Arguments that differ between workers raise `SettingsDifferError` on every
+    worker in `on_train_begin`.
 
     Args:
         monitor: Quantity to be monitored. Defaults to `"val_loss"`.
