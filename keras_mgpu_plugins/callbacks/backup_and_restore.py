@@ -198,6 +198,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"you call `fit()`. Model {self.model} is unbuilt. You can build it "
                 "beforehand by calling it on a batch of data."
             )
+        collective.same_settings(  # they decide when backups (collective reads) happen
+            {"save_freq": self.save_freq, "double_checkpoint": bool(self.double_checkpoint),
+             "delete_checkpoint": bool(self.delete_checkpoint)},
+            type(self).__name__, self.model.distribute_strategy,
+        )
         self._restore()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -104,6 +104,13 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     # --- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        collective.same_settings(  # they decide when checks (collectives) run, and the verdict
+            {"every_n_epochs": self.schedule.every_n_epochs,
+             "every_n_batches": self.schedule.every_n_batches, "on_mismatch": self.on_mismatch,
+             "sync_stats": self.sync_stats, "statistics": self.statistics,
+             "check_on_train_begin": bool(self.check_on_train_begin)},
+            type(self).__name__, self._gather_strategy(),
+        )
         self.schedule.steps = 0
         self.reports.clear()
         self._stats_sync.reset()

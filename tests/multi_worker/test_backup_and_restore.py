@@ -213,17 +213,27 @@ def backup_blocked_on_the_chief(backup_dir):
             os.remove(os.path.join(backup_dir, "latest.weights.h5"))
             os.makedirs(os.path.join(backup_dir, "latest.weights.h5", "in_the_way"))
 
-    try:
-        train([BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=block)])
-    except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
-        return f"{type(err).__name__}: {err}"
-    return None
+    errors = []
+    for callbacks in (
+        [BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=block)],
+        [BackupAndRestore(backup_dir + "_2", save_freq="epoch" if kmp.topology().is_chief else 2)],
+    ):
+        try:
+            train(callbacks)
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
+            errors.append(f"{type(err).__name__}: {err}")
+    return errors
 
 
 def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(tmp_path):
     backup_dir = str(tmp_path / "backup")
-    chief, other = kmp.launch(backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,),
-                              timeout=200)
+    (chief, differing_0), (other, differing_1) = kmp.launch(
+        backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,), timeout=200)
+    for differing, here in ((differing_0, "'epoch'"), (differing_1, "2")):  # before any backup
+        assert differing.startswith("SettingsDifferError: BackupAndRestore must be created with")
+        assert differing.endswith(f"save_freq (here {here}; differs from the chief's on worker(s) 1).")
+    assert not os.path.exists(backup_dir + "_2")
     assert chief.startswith(("IsADirectoryError", "OSError")) and "latest.weights.h5" in chief
     assert other == (
         f"PeerFailedError: BackupAndRestore: writing {backup_dir}/latest.weights.h5 failed on "

@@ -144,6 +144,13 @@ def scenarios(directory):
                                                save_weights_only=True)
     fit(model, [checkpoint, verifier], epochs=2)
     out["checkpoint"] = {"seen": seen, "after": local_statistics(), "reports": summary(verifier)}
+
+    # 7. arguments that differ between workers: both raise before the first check
+    try:
+        fit(kmp.parallelize(build_model)(), [WeightSyncVerifier(every_n_epochs=1 + rank)], epochs=1)
+        out["differing"] = None
+    except collective.SettingsDifferError as err:
+        out["differing"] = str(err)
     return out
 
 
@@ -244,6 +251,13 @@ def test_checkpoint_listed_first_saves_the_average_over_both_workers(results, ch
         "train begin", "before save, end of epoch 1", "end of epoch 1",
         "before save, end of epoch 2", "end of epoch 2", "train end"]
     assert [len(r[2]) for r in first["reports"]] == [0, 2, 0, 2, 0, 0]
+
+
+def test_differing_arguments_raise_on_both_workers_at_train_begin(results):
+    for rank, r in enumerate(results):
+        assert r["differing"].endswith(
+            f"Differing: every_n_epochs (here {1 + rank}; differs from the chief's on worker(s) 1).")
+        assert r["differing"].startswith("WeightSyncVerifier must be created with the same arguments")
 
 
 def raise_through():
