@@ -206,9 +206,22 @@ def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, as
     assert [(a["name"], a["type"]) for a in arts] == [(f"model-{run.id}", "model")] * 3
     assert [a["aliases"] for a in arts] == [["best", f"epoch-{e}", "latest"] for e in (1, 2, 3)]
     assert [a["metadata"]["value"] for a in arts] == pytest.approx(history["loss"])
+    assert [(a["metadata"]["epoch"], a["metadata"]["is_best"]) for a in arts] == [(0, True), (1, True), (2, True)]
     assert arts[-1]["files"] == {"best.keras": b64_md5(path)}  # the last, complete file
     assert len({a["files"]["best.keras"] for a in arts}) == 3  # 3 different files
 
+
+def test_log_checkpoints_false_logs_no_artifact(wandb_dir):
+    from keras_mgpu_plugins.callbacks import model_checkpoint as module
+    path = wandb_dir / "best.keras"
+    checkpoint = module.ModelCheckpoint(str(path), monitor="loss", save_best_only=True)
+    logger = WandbLogger(project="kmp-test", log_checkpoints=False)
+    fit([checkpoint, Publisher(str(wandb_dir)), logger])
+    assert path.is_file() and (wandb_dir / f"ckpt-{EPOCHS}.weights.h5").is_file()  # saved, not logged
+    run = only_run(wandb_dir)
+    assert run.finished and run.artifacts == []
+    assert [row["epoch"] for row in run.history if "epoch" in row] == list(range(EPOCHS))
+    assert [row["device/CPU:0/memory_mb"] for row in run.history if "epoch" in row] == [10, 11]
 
 
 @pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])

@@ -161,6 +161,17 @@ def test_group_mode_makes_one_named_run_per_worker_in_one_group(group_job):
     assert by_name["exp-worker1"].artifacts == []
 
 
+def test_group_mode_each_run_holds_every_workers_device_metrics(group_job):
+    """DeviceMetricsLogger is in the fit: worker 1's run holds worker 0's devices too, and the reverse."""
+    _, _, runs = group_job
+    assert len(runs) == 2
+    for run in runs:
+        epochs = [row for row in run.history if "epoch" in row]
+        assert [(row["_step"], row["epoch"]) for row in epochs] == [(STEPS, 0), (2 * STEPS, 1)]
+        for row in epochs:
+            assert row["host/worker0/memory_mb"] > 0 and row["host/worker1/memory_mb"] > 0, run.name
+
+
 def test_the_api_key_is_in_no_file_of_either_job(chief_job, group_job):
     files = [p for job in (chief_job, group_job) for p in job[0].rglob("*") if p.is_file()]
     assert len(files) > 10
