@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class RuntimeAlreadyStartedError(RuntimeError):
     """TensorFlow's runtime started before devices could be configured."""
@@ -13,10 +11,14 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """Splits this process's device into `n` logical devices.
 
     With a GPU, the first GPU is split into `n` logical GPUs of
-    `memory_limit_mb` each (default: 1024); without one, the CPU is split into
+    `memory_limit_mb` each (default: 1024) and the other GPUs are hidden, so
+    the process sees exactly `n` devices; without one, the CPU is split into
     `n` logical CPUs. `MirroredStrategy` (and `kmp.parallelize(strategy="mirrored")`)
     then replicates over them, so multi-device code runs, and is tested, on a
-    laptop. Call it first thing, before TensorFlow runs any operation.
+    laptop. Call it first thing, before TensorFlow runs any operation. It does
+    not start TensorFlow's runtime itself: what must come before it (a
+    multi-worker strategy, memory growth) may still follow, and a second call
+    before the runtime starts replaces the split.
 
     Args:
         n: Number of logical devices, at least 1.
@@ -55,17 +57,21 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
         configs = [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
     current = tf.config.get_logical_device_configuration(physical)
     try:
+        if len(gpus) > 1:
+            tf.config.set_visible_devices(gpus[:1], "GPU")
         tf.config.set_logical_device_configuration(physical, configs)
     except RuntimeError as err:
-        if current is not None and len(current) == n:
-            return _names(tf, kind)  # already split this way: nothing to do
+        visible = tf.config.get_visible_devices(kind)
+        if current is not None and len(current) == n and visible == [physical]:
+            return _names(kind, n)  # already split this way: nothing to do
         raise RuntimeAlreadyStartedError(
             f"simulate_devices({n}) must run before TensorFlow starts its runtime "
             f"(TensorFlow said: {err}). Call it at the top of your script, before any "
             "tensor, layer, model, tf.data pipeline or strategy is created."
         ) from None
-    return _names(tf, kind)
+    return _names(kind, n)
 
 
-def _names(tf: Any, kind: str) -> list[str]:
-    return [d.name for d in tf.config.list_logical_devices(kind)]
+def _names(kind: str, n: int) -> list[str]:
+    """The logical devices' names, as TensorFlow will list them (listing would start it)."""
+    return [f"/device:{kind}:{i}" for i in range(n)]

@@ -135,7 +135,7 @@ def local_device_names() -> tuple[str, ...]:
                 return tuple(f"GPU:{i}" for i in range(len(ids)))
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = tf.config.get_visible_devices("GPU")  # simulate_devices hides all GPUs but one
     if gpus:
         logical = _logical_count(tf, gpus)
         return tuple(f"GPU:{i}" for i in range(logical))

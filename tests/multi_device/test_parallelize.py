@@ -139,9 +139,28 @@ def test_mirrored_fit_matches_one_device_fit():
 def test_simulate_devices_validates_and_is_idempotent():
     with pytest.raises(ValueError, match="Received: n=0"):
         kmp.simulate_devices(0)
+    tf.constant(1.0)  # the runtime runs (conftest split the CPU in 2 before it started)
     assert kmp.simulate_devices(2) == ["/device:CPU:0", "/device:CPU:1"]
+    assert [d.name for d in tf.config.list_logical_devices("CPU")] == kmp.simulate_devices(2)
     with pytest.raises(kmp.devices.RuntimeAlreadyStartedError, match="before TensorFlow starts"):
         kmp.simulate_devices(3)
+
+
+def test_simulate_devices_leaves_the_runtime_unstarted():
+    """What must precede the runtime (a multi-worker strategy) may still follow it."""
+    result = run_python(
+        """
+        import tensorflow as tf
+        import keras_mgpu_plugins as kmp
+        assert kmp.simulate_devices(2) == ["/device:CPU:0", "/device:CPU:1"]
+        assert kmp.simulate_devices(3) == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
+        assert kmp.topology().local_devices == ("CPU:0", "CPU:1", "CPU:2")
+        print([d.name for d in tf.config.list_logical_devices("CPU")])
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == str(
+        ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"])
 
 
 def run_python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
