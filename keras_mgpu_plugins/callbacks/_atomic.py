@@ -6,7 +6,7 @@ systems), the data is flushed to disk with `fsync`, and `os.replace` moves it to
 the final name in one step; the folder is then synced so the rename itself
 survives a crash. A process killed at any moment leaves either the previous
 file or the new one at the final name, plus at worst a hidden temporary file
-whose name contains `TEMP_MARKER`.
+whose name contains `TEMP_MARKER`; `remove_stale_temps` clears those.
 
 Example:
     >>> atomic_write("ckpt/model.keras", model.save, suffix=".keras")
@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 #: Part of every temporary name made here: `.{name}.kmp-tmp-{pid}-{random}{suffix}`.
 TEMP_MARKER = ".kmp-tmp-"
-
 
 def temp_path(path: str, suffix: str = "") -> str:
     """A fresh hidden temporary path beside `path` that still ends with `suffix`.
@@ -95,6 +94,27 @@ def atomic_write(path: str, write: Callable[[str], object], suffix: str = "") ->
         remove(tmp)
         raise
     fsync_dir(directory)
+
+
+def remove_stale_temps(directory: str) -> list[str]:
+    """Removes the temporaries (`is_temp_name`) that killed writers left in `directory`.
+
+    Temporaries of this process are kept: they may belong to a write in
+    flight. Nothing to do for a folder that does not exist.
+
+    Returns:
+        The names removed.
+
+    Raises:
+        OSError: If the folder cannot be listed.
+    """
+    if not os.path.isdir(directory or "."):
+        return []
+    own = f"{TEMP_MARKER}{os.getpid()}-"
+    stale = [n for n in os.listdir(directory or ".") if is_temp_name(n) and own not in n]
+    for name in stale:
+        remove(os.path.join(directory, name))
+    return stale
 
 
 def remove(path: str) -> None:

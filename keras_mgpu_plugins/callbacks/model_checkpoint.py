@@ -22,6 +22,7 @@ What changes against Keras:
 - Only the chief writes `filepath`. Other workers read the variables as the
   save would (that may be a collective operation) and keep nothing.
 - The file is written beside its final name, `fsync`ed, then `os.replace`d.
+  At train begin the chief removes the temporaries a killed save left.
 - `model=template`: the template receives the trained weights (by value) and
   is saved instead of the trained model.
 - `async_save=True`: the checkpoint is copied to host memory on the training
@@ -65,7 +66,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     - only the chief worker writes `filepath`; every worker takes the same
       decision (the chief's monitored value decides `save_best_only`);
-    - a checkpoint appears at its final name complete or not at all;
+    - a checkpoint appears at its final name complete or not at all,
+      and temporaries a killed save left are removed at the next train begin;
     - `model=template` saves a template model holding the trained weights;
     - `async_save=True` writes in a background thread;
     - each complete checkpoint is published on the trained model as the
@@ -101,6 +103,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
             does not match `save_weights_only`; for a non-boolean `async_save`.
         TypeError: If `model` is not a `keras.Model`.
+        PermissionError: At train begin, on every worker, if the chief cannot
+            write in the folder of `filepath`.
 
     Example:
         >>> checkpoint = kmp.callbacks.ModelCheckpoint(
@@ -156,21 +160,22 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._drain(wait=True)  # a write left by an interrupted fit
-        if self._writer is not None:  # a consumer closing first gets our last checkpoint
-            events.subscribe(self.model, "flush", self._flush)
+        strategy = self._strategy()
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         if collective.num_workers() > 1:
             _checkpoint_io.check_keras_internals()  # the same answer on every worker
         directory = os.path.dirname(self.filepath.split("{", 1)[0])
-        problem = _atomic.writable_problem(directory) if collective.is_chief() else None
-        if collective.agree(problem is not None, self._strategy(), how="chief"):
+        problem = _folder_problem(directory) if collective.is_chief() else None
+        if collective.agree(problem is not None, strategy, how="chief"):
             where = problem or "the chief worker cannot write there (see its error)"
             raise PermissionError(
                 f"{type(self).__name__} cannot write checkpoints to the folder of "
                 f"filepath: {where}. Fix its permissions or choose another filepath. "
                 f"Received: filepath={self.filepath}"
             )
+        if self._writer is not None:  # a consumer closing first gets our last checkpoint
+            events.subscribe(self.model, "flush", self._flush)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._drain()
@@ -329,6 +334,20 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             yield
         finally:
             self.verbose = verbose
+
+
+def _folder_problem(directory: str) -> str | None:
+    """On the chief: why checkpoints cannot be written in `directory`, or `None`.
+
+    Also removes the temporaries that a process killed mid-save left there.
+    """
+    problem = _atomic.writable_problem(directory)
+    if problem is None:
+        try:
+            _atomic.remove_stale_temps(directory)
+        except OSError as err:
+            problem = f"{directory!r} cannot be listed ({err.strerror or err})"
+    return problem
 
 
 def _weak_flush(callback: ModelCheckpoint) -> Any:

@@ -6,7 +6,8 @@ folder holds each checkpoint once); the other worker reads the variables and
 leaves nothing behind, neither beside the checkpoints nor in its temporary
 folder. When the monitored value differs between workers (a log entry no one
 reduces), both take the chief's decision. A folder the chief cannot write stops
-both workers in `on_train_begin`.
+both workers in `on_train_begin`, where the chief also clears temporaries a
+killed writer left.
 """
 
 from __future__ import annotations
@@ -104,10 +105,15 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     }
 
 
-def launch_in(tmp_path, **kwargs):
+STALE = ".c01.kmp-tmp-999999-0badf00d.keras"  # left by a writer killed in an earlier job
+
+
+def launch_in(tmp_path, stale=(), **kwargs):
     folder, private_tmp = tmp_path / "ckpt", tmp_path / "tmpdir"
     folder.mkdir()
     private_tmp.mkdir()
+    for name in stale:
+        (folder / name).write_bytes(b"partial")
     results = kmp.launch(train, num_workers=2, args=(str(folder),), kwargs=kwargs, timeout=200,
                          env={"TMPDIR": str(private_tmp)})
     return folder, private_tmp, results
@@ -115,7 +121,7 @@ def launch_in(tmp_path, **kwargs):
 
 @pytest.fixture(scope="module")
 def sync_run(tmp_path_factory):
-    return launch_in(tmp_path_factory.mktemp("sync"), filepath="c{epoch:02d}.keras",
+    return launch_in(tmp_path_factory.mktemp("sync"), stale=[STALE], filepath="c{epoch:02d}.keras",
                      chief_values=FALLING, other_values=RISING)
 
 
@@ -139,6 +145,7 @@ def test_only_the_chief_writes_each_checkpoint_once(sync_run):
     assert chief["writes"] == [str(folder / n) for n in names]
     assert other["writes"] == [] and other["events"] == []
     assert other["touched"] == []  # worker 1 opened nothing for writing, renamed nothing there
+    assert ("os.remove", str(folder / STALE)) in chief["touched"]  # the chief cleared it
     assert [p for e, p in chief["touched"] if e == "os.rename"] == [str(folder / n) for n in names]
     assert [e["path"] for e in chief["events"]] == [str(folder / n) for n in names]
     assert chief["pid"] != other["pid"]

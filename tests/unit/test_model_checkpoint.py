@@ -349,6 +349,22 @@ def test_unwritable_folder_fails_in_on_train_begin(tmp_path, async_save):
     assert CountBatches.batches == 0  # raised before the first step
 
 
+def test_train_begin_removes_temporaries_a_killed_save_left(tmp_path):
+    stale = [".1.kmp-tmp-999999-0badf00d.keras", ".best.kmp-tmp-4242-12345678.weights.h5"]
+    kept = ["notes.txt", ".hidden", "old.keras"]
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b"partial")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / stale[0]).write_bytes(b"")  # another folder: not this filepath's
+    seen = []
+    first_batch = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda b, logs: b == 0 and seen.append(files(tmp_path)))
+    fit(get_model(), [ModelCheckpoint(str(tmp_path / "{epoch}.keras")), first_batch], epochs=1)
+    assert seen == [sorted(kept + ["sub"])]  # gone before training started
+    assert files(tmp_path) == sorted(kept + ["1.keras", "sub"])
+    assert files(tmp_path / "sub") == [stale[0]]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
 def test_read_only_folder_fails_in_on_train_begin(tmp_path):
     folder = tmp_path / "ro"

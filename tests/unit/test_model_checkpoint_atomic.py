@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins.callbacks import _atomic
+from keras_mgpu_plugins.callbacks import ModelCheckpoint, _atomic
 
 # --- the helpers -------------------------------------------------------------------
 
@@ -71,6 +71,19 @@ def test_writable_problem(tmp_path):
     assert "is not a folder" in _atomic.writable_problem(str(tmp_path / "file" / "sub"))
     assert _atomic.writable_problem("gs://bucket/ckpt") is None  # not probed
     assert os.listdir(tmp_path) == ["file"]  # the probe left nothing
+
+
+def test_remove_stale_temps_removes_only_other_processes_temporaries(tmp_path):
+    stale = [".a.kmp-tmp-999999-0badf00d.keras", ".b.kmp-tmp-1-12345678.weights.h5"]
+    kept = ["a.keras", ".hidden", "x.kmp-tmp-1-2.keras",  # not made by temp_path
+            os.path.basename(_atomic.temp_path(str(tmp_path / "c.keras"), ".keras"))]  # ours
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / ".d.kmp-tmp-7-abcdef01.keras").mkdir()  # a folder-shaped leftover
+    removed = _atomic.remove_stale_temps(str(tmp_path))
+    assert sorted(removed) == sorted(stale + [".d.kmp-tmp-7-abcdef01.keras"])
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    assert _atomic.remove_stale_temps(str(tmp_path / "missing")) == []
 
 
 # --- SIGKILL during a loop of saves ----------------------------------------------------
@@ -153,5 +166,10 @@ def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
         weights = model.get_weights()
         assert [w.shape for w in weights] == [(512, 1024), (1024,), (1024, 512), (512,)]
         assert all(np.isfinite(w).all() for w in weights)
+        if temps:  # the next fit's train begin clears what the killed writer left
+            x = np.zeros((1, 512), "float32")
+            model_like_child().fit(x, x, epochs=1, verbose=0, callbacks=[ModelCheckpoint(
+                str(path), save_weights_only=weights_only)])
+            assert not [n for n in os.listdir(folder) if _atomic.is_temp_name(n)]
     # the kills did land inside saves: some temporary file was cut short, never the final one
     assert leftovers >= 1
