@@ -8,6 +8,13 @@ survives a crash. A process killed at any moment leaves either the previous
 file or the new one at the final name, plus at worst a hidden temporary file
 whose name contains `TEMP_MARKER`; `remove_stale_temps` clears those.
 
+Remote paths (`is_remote`: `gs://...`, any `scheme://`, as Keras decides) have
+no rename: the file is written to a local scratch folder, then copied into
+place with one `tf.io.gfile.copy`. Object stores publish an object whole when
+its upload completes, so readers see the previous object or the new one;
+file systems reached through `tf.io.gfile` (`hdfs://`) may show a partly
+copied file while the copy runs.
+
 Example:
     >>> atomic_write("ckpt/model.keras", model.save, suffix=".keras")
 """
@@ -15,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -22,6 +30,24 @@ from collections.abc import Callable
 
 #: Part of every temporary name made here: `.{name}.kmp-tmp-{pid}-{random}{suffix}`.
 TEMP_MARKER = ".kmp-tmp-"
+
+# The paths Keras writes through `tf.io.gfile` (`keras.src.utils.file_utils.is_remote_path`).
+_REMOTE = re.compile(r"^(/cns|/cfs|/gcs|/hdfs|/readahead|/placer|/tfhub|.*://).*$")
+
+
+def is_remote(path: str) -> bool:
+    """Whether Keras treats `path` as remote (`gs://...`, `/gcs/...`, any `scheme://`)."""
+    return bool(_REMOTE.match(str(path)))
+
+
+def isdir(path: str) -> bool:
+    """`os.path.isdir`, through `tf.io.gfile` for a remote path."""
+    if is_remote(path):
+        import tensorflow as tf
+
+        return bool(tf.io.gfile.isdir(path))
+    return os.path.isdir(path)
+
 
 def temp_path(path: str, suffix: str = "") -> str:
     """A fresh hidden temporary path beside `path` that still ends with `suffix`.
@@ -75,13 +101,17 @@ def atomic_write(path: str, write: Callable[[str], object], suffix: str = "") ->
     """Calls `write(tmp)`, then moves the complete file `tmp` to `path` atomically.
 
     Creates `path`'s folder if needed. On any error (or interruption) the
-    temporary file is removed and `path` is left as it was.
+    temporary file is removed and `path` is left as it was. A remote `path`
+    is written locally, then copied into place (see the module docstring).
 
     Args:
         path: The final path (replaced if it exists).
         write: Writes the whole file at the path it is given.
         suffix: Ending the temporary name keeps (see `temp_path`).
     """
+    if is_remote(path):
+        _upload(path, write)
+        return
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -96,11 +126,28 @@ def atomic_write(path: str, write: Callable[[str], object], suffix: str = "") ->
     fsync_dir(directory)
 
 
+def _upload(path: str, write: Callable[[str], object]) -> None:
+    """`write`s a local scratch file named like `path`, then copies it to `path`."""
+    import tensorflow as tf
+
+    scratch = tempfile.mkdtemp(prefix="kmp-upload-")
+    try:
+        local = os.path.join(scratch, os.path.basename(path))  # keeps the format's ending
+        write(local)
+        directory = os.path.dirname(path)
+        if directory and not directory.endswith(":") and not tf.io.gfile.exists(directory):
+            tf.io.gfile.makedirs(directory)  # as Keras does ("gs:" is no folder to make)
+        tf.io.gfile.copy(local, path, overwrite=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def remove_stale_temps(directory: str) -> list[str]:
     """Removes the temporaries (`is_temp_name`) that killed writers left in `directory`.
 
     Temporaries of this process are kept: they may belong to a write in
-    flight. Nothing to do for a folder that does not exist.
+    flight. Nothing to do for a folder that does not exist, or a remote one
+    (remote writes leave no temporary beside their target).
 
     Returns:
         The names removed.
@@ -108,7 +155,7 @@ def remove_stale_temps(directory: str) -> list[str]:
     Raises:
         OSError: If the folder cannot be listed.
     """
-    if not os.path.isdir(directory or "."):
+    if is_remote(directory) or not os.path.isdir(directory or "."):
         return []
     own = f"{TEMP_MARKER}{os.getpid()}-"
     stale = [n for n in os.listdir(directory or ".") if is_temp_name(n) and own not in n]
@@ -134,8 +181,9 @@ def writable_problem(directory: str) -> str | None:
     Probes for real (creates and removes a hidden file), so it also answers
     right for read-only file systems and for root, whom permission bits do not
     stop. A folder that does not exist yet is judged by its nearest existing
-    parent, where it would be created. Remote paths (`scheme://...`) are not
-    probed.
+    parent, where it would be created. Remote paths (`is_remote`) are not
+    probed: nothing is created there before the first write, which reports
+    their errors.
 
     Args:
         directory: The folder files will be written to (`""` is the current one).
@@ -143,7 +191,7 @@ def writable_problem(directory: str) -> str | None:
     Returns:
         A sentence describing the problem, or `None` if files can be written.
     """
-    if "://" in directory:
+    if is_remote(directory):
         return None
     probe = os.path.abspath(directory or ".")
     while not os.path.exists(probe):

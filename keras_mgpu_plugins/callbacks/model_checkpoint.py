@@ -21,7 +21,8 @@ What changes against Keras:
   process) and fed to Keras's decision, so every worker agrees.
 - Only the chief writes `filepath`. Other workers read the variables as the
   save would (that may be a collective operation) and keep nothing.
-- The file is written beside its final name, `fsync`ed, then `os.replace`d.
+- The file is written beside its final name, `fsync`ed, then `os.replace`d
+  (a remote path: written locally, then copied into place; see `_atomic`).
   At train begin the chief removes the temporaries a killed save left.
 - `model=template`: the template receives the trained weights (by value) and
   is saved instead of the trained model.
@@ -66,7 +67,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     - only the chief worker writes `filepath`; every worker takes the same
       decision (the chief's monitored value decides `save_best_only`);
-    - a checkpoint appears at its final name complete or not at all,
+    - a checkpoint appears at its final name complete or not at all (on a
+      remote `filepath`, as far as the store allows: it is uploaded whole),
       and temporaries a killed save left are removed at the next train begin;
     - `model=template` saves a template model holding the trained weights;
     - `async_save=True` writes in a background thread;
@@ -104,7 +106,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             does not match `save_weights_only`; for a non-boolean `async_save`.
         TypeError: If `model` is not a `keras.Model`.
         PermissionError: At train begin, on every worker, if the chief cannot
-            write in the folder of `filepath`.
+            write in the (local) folder of `filepath`.
 
     Example:
         >>> checkpoint = kmp.callbacks.ModelCheckpoint(
@@ -237,7 +239,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        flags = [self._writer_error is not None, chief and os.path.isdir(filepath)]
+        flags = [self._writer_error is not None, chief and _atomic.isdir(filepath)]
         local = np.append(encode_monitored(logs.get(self.monitor)), flags)
         chief_value = collective.broadcast(local, self._strategy())
         self._raise_writer_error(bool(chief_value[2]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import threading
 import time
 import warnings
@@ -363,6 +364,53 @@ def test_train_begin_removes_temporaries_a_killed_save_left(tmp_path):
     assert seen == [sorted(kept + ["sub"])]  # gone before training started
     assert files(tmp_path) == sorted(kept + ["1.keras", "sub"])
     assert files(tmp_path / "sub") == [stale[0]]
+
+
+# --- remote filepaths (tf.io.gfile's in-memory ram:// file system) ---------------------
+
+
+def gfile_files(folder):
+    import tensorflow as tf
+
+    return sorted(tf.io.gfile.listdir(folder)) if tf.io.gfile.exists(folder) else []
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("case", ["every_epoch", "best_val_loss_named", "every_2_batches"])
+def test_remote_filepath_gets_what_keras_writes_there(case, async_save, tmp_path, capsys,
+                                                     monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # local scratch copies go here
+    root = f"ram://kmp-{os.getpid()}-{tmp_path.name}"
+    theirs, ours = f"{root}/keras", f"{root}/kmp"
+    keras.utils.set_random_seed(3)
+    _, printed_ref, warned_ref = run_with(keras.callbacks.ModelCheckpoint, theirs, case, capsys)
+    got, printed, warned = run_with(ModelCheckpoint, ours, case, capsys, async_save=async_save)
+
+    expected = gfile_files(theirs)
+    assert expected and gfile_files(ours) == expected
+    weights_only = PARITY_CASES[case].get("save_weights_only", False)
+    for name in expected:
+        a, b = load(f"{theirs}/{name}", weights_only), load(f"{ours}/{name}", weights_only)
+        assert_same_arrays(b.get_weights(), a.get_weights())
+        assert_same_arrays(b.optimizer.variables, a.optimizer.variables)
+    assert_same_arrays(load(f"{ours}/{expected[-1]}", weights_only).get_weights(),
+                       got.get_weights())
+    assert printed == printed_ref and warned == warned_ref
+    assert os.listdir(tmp_path) == []  # no local copy left behind
+
+
+def test_remote_legacy_h5_is_written_remotely(tmp_path, monkeypatch):
+    # Keras's own callback writes a remote `.h5` to a local path spelled like the URL
+    # (h5py opens "ram:/..."); ours writes it where filepath says.
+    import tensorflow as tf
+
+    monkeypatch.chdir(tmp_path)
+    target = f"ram://kmp-{os.getpid()}-{tmp_path.name}/m.h5"
+    model = get_model()
+    fit(model, [ModelCheckpoint(target, async_save=True)], epochs=1)
+    assert os.listdir(tmp_path) == []
+    tf.io.gfile.copy(target, str(tmp_path / "m.h5"))  # Keras reads .h5 from local paths only
+    assert_same_arrays(load(str(tmp_path / "m.h5"), False).get_weights(), model.get_weights())
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")

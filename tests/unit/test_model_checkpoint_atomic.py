@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -70,7 +71,49 @@ def test_writable_problem(tmp_path):
     (tmp_path / "file").write_text("")
     assert "is not a folder" in _atomic.writable_problem(str(tmp_path / "file" / "sub"))
     assert _atomic.writable_problem("gs://bucket/ckpt") is None  # not probed
+    assert _atomic.writable_problem("/gcs/bucket/ckpt") is None  # remote for Keras too
     assert os.listdir(tmp_path) == ["file"]  # the probe left nothing
+
+
+def test_remote_paths_are_the_ones_keras_writes_through_gfile():
+    file_utils = pytest.importorskip("keras.src.utils.file_utils")
+    paths = ["gs://b/m.keras", "ram://x", "s3://b/k/m.h5", "hdfs://nn/p", "/gcs/b/m.keras",
+             "/cns/x", "/hdfs/y", "/tmp/m.keras", "m.keras", "ckpt/gs://x", "", "C:/m.keras",
+             "/gcsfuse/m.keras"]
+    assert [_atomic.is_remote(p) for p in paths] == [file_utils.is_remote_path(p) for p in paths]
+    assert [_atomic.is_remote(p) for p in paths[:7]] == [True] * 7
+
+
+def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the local copy is made
+    target = f"ram://kmp-atomic-{os.getpid()}/sub/a.weights.h5"
+    seen = []
+
+    def write(path):
+        seen.append(path)
+        assert not tf.io.gfile.exists(target)  # nothing at the final name while writing
+        with open(path, "wb") as f:  # a local file, named like the target
+            f.write(b"x" * 1000)
+
+    _atomic.atomic_write(target, write, suffix=".weights.h5")
+    with tf.io.gfile.GFile(target, "rb") as f:
+        assert f.read() == b"x" * 1000
+    assert os.path.basename(seen[0]) == "a.weights.h5" and seen[0].startswith(str(tmp_path))
+    assert os.listdir(tmp_path) == []  # the local copy is gone
+    assert _atomic.isdir(os.path.dirname(target)) and not _atomic.isdir(target)
+
+    def failing(path):
+        with open(path, "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _atomic.atomic_write(target, failing)
+    with tf.io.gfile.GFile(target, "rb") as f:
+        assert f.read() == b"x" * 1000  # the previous file, untouched
+    assert os.listdir(tmp_path) == []
 
 
 def test_remove_stale_temps_removes_only_other_processes_temporaries(tmp_path):
@@ -84,6 +127,7 @@ def test_remove_stale_temps_removes_only_other_processes_temporaries(tmp_path):
     assert sorted(removed) == sorted(stale + [".d.kmp-tmp-7-abcdef01.keras"])
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
     assert _atomic.remove_stale_temps(str(tmp_path / "missing")) == []
+    assert _atomic.remove_stale_temps("gs://bucket/ckpt") == []
 
 
 # --- SIGKILL during a loop of saves ----------------------------------------------------
