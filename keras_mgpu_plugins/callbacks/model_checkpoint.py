@@ -24,6 +24,8 @@ What changes against Keras:
 - The file is written beside its final name, `fsync`ed, then `os.replace`d
   (a remote path: written locally, then copied into place; see `_atomic`).
   At train begin the chief removes the temporaries a killed save left.
+- Arguments that decide where collectives run are checked to be the same on
+  every worker at train begin (`collective.same_settings`).
 - `model=template`: the template receives the trained weights (by value) and
   is saved instead of the trained model.
 - `async_save=True`: the checkpoint is copied to host memory on the training
@@ -104,6 +106,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     Raises:
         ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
             does not match `save_weights_only`; for a non-boolean `async_save`.
+            At train begin, `collective.SettingsDifferError` (a `ValueError`)
+            on every worker if `monitor`, `mode`, `save_best_only`,
+            `save_weights_only`, `save_freq`, `initial_value_threshold` or
+            `async_save` differ between workers.
         TypeError: If `model` is not a `keras.Model`.
         PermissionError: At train begin, on every worker, if the chief cannot
             write in the (local) folder of `filepath`.
@@ -152,6 +158,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             _checkpoint_io.check_keras_internals()
         self.template = model
         self.async_save = async_save
+        self._initial_value_threshold = initial_value_threshold  # `best` moves; this does not
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
         self._writer_error: BaseException | None = None  # the chief's, until all raise it
@@ -163,6 +170,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._drain(wait=True)  # a write left by an interrupted fit
         strategy = self._strategy()
+        collective.same_settings(self._collective_settings(), type(self).__name__, strategy)
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         if collective.num_workers() > 1:
@@ -256,6 +264,15 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "monitor": self.monitor,
             "value": value,
             "chief_path_is_dir": bool(chief_value[3]),
+        }
+
+    def _collective_settings(self) -> dict[str, Any]:
+        """The arguments that decide where this callback runs collectives."""
+        return {
+            "monitor": self.monitor, "mode": self.mode, "save_best_only": self.save_best_only,
+            "save_weights_only": self.save_weights_only, "save_freq": self.save_freq,
+            "initial_value_threshold": self._initial_value_threshold,
+            "async_save": self.async_save,
         }
 
     def _strategy(self) -> Any:

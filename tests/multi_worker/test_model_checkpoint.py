@@ -5,9 +5,10 @@ writes (every call of the atomic writer is recorded in each process, and the
 folder holds each checkpoint once); the other worker reads the variables and
 leaves nothing behind, neither beside the checkpoints nor in its temporary
 folder. When the monitored value differs between workers (a log entry no one
-reduces), both take the chief's decision. A folder the chief cannot write stops
-both workers in `on_train_begin`, where the chief also clears temporaries a
-killed writer left.
+reduces), both take the chief's decision. A folder the chief cannot write, or
+arguments that differ between workers, stop both workers in `on_train_begin`;
+there the chief also clears temporaries a killed writer left. A failed save
+or background write stops both workers at the same point.
 """
 
 from __future__ import annotations
@@ -254,6 +255,11 @@ def failing_saves(folder):
         "sync_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True)),
         # only the chief's filepath leads to the folder; worker 1's would save fine
         "chief_path_is_dir": (False, dict(filepath="dir/{epoch}.keras" if chief else "x/{epoch}.keras")),
+        # 2 batches an epoch: saves end epochs 3 and 6; the first save fails on the chief
+        "async_writer_every_3_epochs": (True, dict(filepath="{epoch}.weights.h5", save_freq=6,
+                                                   save_weights_only=True, async_save=True)),
+        # would not hang (save_best_only=False), but must not be run that way
+        "settings_differ": (False, dict(filepath="{epoch}.keras", mode="min" if chief else "max")),
     }
     out = {}
     for case, (unwritable, kwargs) in cases.items():
@@ -285,6 +291,31 @@ def test_async_writer_error_on_the_chief_stops_both_workers_at_the_same_epoch(fa
     assert "chief" not in chief["error"]  # the chief raises the writer's own error
     assert chief["begun"] == other["begun"] and len(chief["begun"]) < 6
     assert os.listdir(folder / "async_writer") == []  # no file at a final name, no temporary
+
+
+def test_async_writer_error_stops_both_workers_at_an_epoch_end_before_the_next_save(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["async_writer_every_3_epochs"], other["async_writer_every_3_epochs"]
+    assert "the chief's background writer failed" in other["error"]
+    assert "chief" not in chief["error"]  # the chief raises the writer's own error
+    # saved at the end of epoch index 2; raised at that epoch's end or the next one, not
+    # at the next save point (end of epoch index 5)
+    assert chief["begun"] == other["begun"] and chief["begun"] in ([0, 1, 2], [0, 1, 2, 3])
+    assert os.listdir(folder / "async_writer_every_3_epochs") == []
+
+
+def test_settings_that_differ_between_workers_stop_both_before_training(failing):
+    _, (chief, other) = failing
+    chief, other = chief["settings_differ"], other["settings_differ"]
+    assert chief["error"] == (
+        "SettingsDifferError: ModelCheckpoint must be created with the same arguments on every "
+        "worker: they decide where it runs collective operations, and a worker that runs fewer "
+        "would leave the others waiting. Differing: mode (here 'min'; differs from the chief's "
+        "on worker(s) 1)."
+    )
+    assert other["error"].endswith("Differing: mode (here 'max'; differs from the chief's on "
+                                   "worker(s) 1).")
+    assert chief["begun"] == other["begun"] == []
 
 
 def test_sync_write_error_on_the_chief_stops_both_workers_at_that_save(failing):
