@@ -76,7 +76,23 @@ def train_on_worker():
         "predict": predictions,
         "local_predict": model(x).numpy(),
         "seen": seen,
+        "tf_data": fit_tf_data_with_a_partial_last_batch(),
     }
+
+
+def fit_tf_data_with_a_partial_last_batch():
+    """A `tf.data` pipeline (the distributed-CNN recipe's input), 72 rows: the last batch is 8."""
+    import tensorflow as tf
+
+    x, y = make_data(72)
+    model = kmp.parallelize(build_model)()
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).prefetch(2)
+    val = tf.data.Dataset.from_tensor_slices((x[:40], y[:40])).batch(GLOBAL_BATCH)
+    history = model.fit(train, epochs=EPOCHS, validation_data=val, verbose=0)
+    return {"weights": model.get_weights(), "history": history.history,
+            "evaluate": model.evaluate(train, verbose=0),
+            "predict": model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH),
+                                     verbose=0)}
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +151,26 @@ def test_each_worker_trains_on_its_own_half_of_every_global_batch(results):
         assert not set(a) & set(b)  # disjoint halves
         start = (step % steps) * GLOBAL_BATCH
         assert sorted(a + b) == list(range(start, start + GLOBAL_BATCH))  # the global batch
+
+
+def test_tf_data_with_a_partial_last_batch_matches_one_process(results):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x, y = make_data(72)
+    model = build_model()
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                        validation_data=(x[:40], y[:40]))
+    first, second = (r["tf_data"] for r in results)
+    assert first["history"] == second["history"] and first["evaluate"] == second["evaluate"]
+    for a, b, want in zip(first["weights"], second["weights"], model.get_weights(), strict=True):
+        assert np.array_equal(a, b)
+        np.testing.assert_allclose(a, want, atol=1e-5)
+    for key, values in history.history.items():
+        np.testing.assert_allclose(first["history"][key], values, rtol=1e-5)
+    np.testing.assert_allclose(first["evaluate"][0], model.evaluate(x, y, verbose=0)[0], rtol=1e-5)
+    assert first["predict"].shape == (72, 1)  # every row once, in order
+    np.testing.assert_allclose(first["predict"], model.predict(x, verbose=0), atol=1e-5)
 
 
 def test_predict_returns_every_row_in_the_original_order(results):
