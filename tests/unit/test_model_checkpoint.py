@@ -393,6 +393,7 @@ def test_remote_filepath_gets_what_keras_writes_there(case, async_save, tmp_path
         a, b = load(f"{theirs}/{name}", weights_only), load(f"{ours}/{name}", weights_only)
         assert_same_arrays(b.get_weights(), a.get_weights())
         assert_same_arrays(b.optimizer.variables, a.optimizer.variables)
+        assert int(b.optimizer.iterations) > 0  # the optimizer state was saved and loaded
     assert_same_arrays(load(f"{ours}/{expected[-1]}", weights_only).get_weights(),
                        got.get_weights())
     assert printed == printed_ref and warned == warned_ref
