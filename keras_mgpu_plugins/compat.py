@@ -40,8 +40,9 @@ from keras_mgpu_plugins._keras_private import (
 )
 
 __all__ = [
-    "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "PATCHES", "PRIVATE_USES", "ArchiveNames",
-    "Patch", "PrivateUse", "archive_names", "check_private_uses", "hide_from_progbar",
+    "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES",
+    "PRIVATE_USES", "ArchiveNames", "Patch", "PrivateUse", "archive_names",
+    "check_keras_for_distribution", "check_private_uses", "hide_from_progbar",
     "keras_print_msg", "keras_version", "local_replica_values", "loss_tracker_rows",
     "open_assets_store", "open_h5_store", "h5_store_class", "patch_keras", "require",
     "resolve_monitor_op", "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
@@ -179,7 +180,9 @@ def _reduce_per_replica_uses_axis_0() -> bool | None:
 
 # Versions read from the released sources: `_maybe_symbolic_build` first appears
 # in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
-# "auto" meant a sum with axis=None, which works). Run-tested: see docs/compat.
+# "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
+# Keras 3.10 (TensorFlow 2.16 to 2.19) and 3.15 (TensorFlow 2.21); older Keras is
+# refused for distribution anyway (`check_keras_for_distribution`).
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="symbolic_build_per_replica_batch",
@@ -198,6 +201,39 @@ PATCHES: tuple[Patch, ...] = (
         present=_reduce_per_replica_uses_axis_0,
     ),
 )
+
+
+#: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
+#: does, measured with this package's 2-worker tests (tests/multi_worker/test_fit.py) on
+#: Keras 3.5, 3.7, 3.8, 3.9, 3.10 and 3.15. Before 3.8, gradients are summed across
+#: replicas, so N replicas train with N times the learning rate (keras-team/keras#19891,
+#: fixed by keras-team/keras#20609 in 3.8.0); 3.8 and 3.9 train right but log metrics
+#: (loss, val_loss) that differ from one process's under MultiWorkerMirroredStrategy.
+MIN_KERAS_FOR_DISTRIBUTION = "3.10.0"
+
+
+def check_keras_for_distribution() -> None:
+    """Raises if the installed Keras would train or log wrongly under a distributing strategy.
+
+    Raises:
+        RuntimeError: With Keras older than `MIN_KERAS_FOR_DISTRIBUTION` (TensorFlow
+            backend), naming what goes wrong and the upgrade.
+    """
+    import keras
+
+    version = keras.__version__
+    if keras.backend.backend() != "tensorflow" or Version(version) >= Version(
+        MIN_KERAS_FOR_DISTRIBUTION
+    ):
+        return
+    what = ("sums gradients across replicas: N replicas train with N times the learning rate "
+            "(keras-team/keras#19891)" if Version(version) < Version("3.8.0") else
+            "logs metrics across workers that differ from one process's")
+    raise RuntimeError(
+        f"Keras {version} {what}. keras_mgpu_plugins needs Keras >= "
+        f"{MIN_KERAS_FOR_DISTRIBUTION} to train on several devices or workers: "
+        f"pip install 'keras>={MIN_KERAS_FOR_DISTRIBUTION}'."
+    )
 
 
 def patch_keras() -> list[str]:

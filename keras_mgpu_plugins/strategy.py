@@ -69,11 +69,13 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
     """
     import tensorflow as tf
 
+    from keras_mgpu_plugins import compat
+
     if not isinstance(spec, str):
         check_instance(spec, devices)
+        if spec.num_replicas_in_sync > 1 or isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
+            compat.check_keras_for_distribution()
         if isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
-            from keras_mgpu_plugins import compat
-
             compat.patch_keras()  # the user's own strategy needs the same Keras fixes
         return spec
     name = resolve_name(spec, topology())
@@ -82,6 +84,8 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             f"devices only applies to the mirrored strategy, but strategy={spec!r} "
             f"resolves to {name!r}. Received: devices={list(devices)!r}"
         )
+    if name != "default":
+        compat.check_keras_for_distribution()
     with _lock:
         # One strategy per device set: two MirroredStrategy objects over the same
         # devices collide in TensorFlow's collective instance keys.

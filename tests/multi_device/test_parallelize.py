@@ -136,6 +136,25 @@ def test_mirrored_fit_matches_one_device_fit():
     assert len(history.history["loss"]) == 3
 
 
+@pytest.mark.parametrize("version, says", [
+    ("3.7.0", "sums gradients across replicas: N replicas train with N times the learning rate"),
+    ("3.9.0", "logs metrics across workers that differ from one process's"),
+])
+def test_keras_that_trains_or_logs_wrongly_when_distributed_is_refused(monkeypatch, version, says):
+    import keras
+
+    mirrored = kmp.strategy.get_strategy("mirrored")  # the process's (a second one would collide)
+    monkeypatch.setattr(keras, "__version__", version)
+    expected = rf"Keras {version} {says}.*pip install 'keras>=3.10.0'"
+    with pytest.raises(RuntimeError, match=expected):
+        kmp.parallelize(strategy="mirrored")(tiny_model)()
+    with pytest.raises(RuntimeError, match=expected):
+        kmp.parallelize(strategy=mirrored)(tiny_model)()
+    assert kmp.parallelize(strategy="default")(tiny_model)().distribute_strategy is not None
+    monkeypatch.setattr(keras, "__version__", "3.10.0")
+    assert kmp.parallelize(strategy="mirrored")(tiny_model)().distribute_strategy.num_replicas_in_sync == 2
+
+
 def test_simulate_devices_validates_and_is_idempotent():
     with pytest.raises(ValueError, match="Received: n=0"):
         kmp.simulate_devices(0)
