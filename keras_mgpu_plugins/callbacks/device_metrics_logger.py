@@ -159,8 +159,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._intervals: list[tuple[np.ndarray, np.ndarray]] = []
         self._readings: list[np.ndarray] = []
         self._timer.start_epoch()
-        self._device.reset_peaks()
-        self._host.reset_peaks()
+        self._thread.new_window(self._reset_peaks)  # no reading from before the reset counts
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._timer.mark(batch)
@@ -276,6 +275,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]
+
+    def _reset_peaks(self) -> None:
+        self._device.reset_peaks()
+        self._host.reset_peaks()
 
     def _read(self) -> np.ndarray:
         return rec.reading_vector(self._host.sample(), self._device.sample(), self._names)

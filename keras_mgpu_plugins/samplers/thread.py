@@ -19,7 +19,10 @@ class SamplerThread:
     training thread takes with `drain()`, and the run's series (for plots),
     which is thinned (every other point dropped, then every second reading
     kept, and so on) when it exceeds `max_points`, so memory stays bounded on
-    long runs. `sample_now()` reads synchronously, e.g. at an epoch's end. A
+    long runs. `sample_now()` reads synchronously, e.g. at an epoch's end.
+    `new_window(reset)` starts a window after a reset of what is read (peak
+    memory): a reading taken before the reset returned, even one in flight
+    while it ran, is kept in the series but never joins the new window. A
     `read()` that raises is reported once and the thread stops; training goes on.
 
     Args:
@@ -49,6 +52,7 @@ class SamplerThread:
         self._series: list[np.ndarray] = []
         self._stride = 1
         self._count = 0
+        self._generation = 0  # bumped by new_window(); older readings leave the window
 
     def start(self) -> None:
         if self._interval is None or self._thread is not None:
@@ -65,10 +69,13 @@ class SamplerThread:
 
     def sample_now(self) -> np.ndarray:
         """Reads now, on the calling thread; the reading joins window and series."""
+        with self._lock:
+            generation = self._generation
         value = np.asarray(self._read(), dtype=np.float64)
         now = self._clock()
         with self._lock:
-            self._window.append(value)
+            if generation == self._generation:  # else it began before a new_window()
+                self._window.append(value)
             self._count += 1
             if self._count % self._stride == 0:
                 self._times.append(now)
@@ -77,6 +84,20 @@ class SamplerThread:
                     self._times, self._series = self._times[::2], self._series[::2]
                     self._stride *= 2
         return value
+
+    def new_window(self, reset: Callable[[], None] | None = None) -> None:
+        """Calls `reset()`, then empties the window; readings begun before now never join it.
+
+        Called at an epoch's start with the samplers' `reset_peaks`: a reading
+        taken after the previous record (e.g. during a later callback's
+        checkpoint save) still holds the old peak and must not count in the new
+        epoch, and neither may one that was in flight while the peaks were reset.
+        """
+        if reset is not None:
+            reset()
+        with self._lock:
+            self._generation += 1
+            self._window = []
 
     def drain(self) -> np.ndarray:
         """The readings since the last drain, as a `(readings, fields)` array."""

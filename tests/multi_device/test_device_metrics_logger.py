@@ -131,6 +131,35 @@ def test_scripted_gpus_give_per_device_keys_and_peak_restarts_each_epoch():
     assert not any("worker" in k for k in history)
 
 
+class ReadAtEpochEnd(keras.callbacks.Callback):
+    """Takes a background reading at each epoch's end, after the logger's record.
+
+    What the sampler thread does when its interval falls during a later
+    callback's epoch-end work (a checkpoint save), before the next epoch's reset.
+    """
+
+    def __init__(self, logger):
+        super().__init__()
+        self.logger = logger
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logger._thread.sample_now()  # the thread's own call, forced at this point
+
+
+def test_a_reading_between_the_record_and_the_reset_does_not_carry_the_peak_over():
+    # readings: epoch 0's record (peak 500), the forced one after it (memory 100, peak
+    # still 500: not reset yet), epoch 1's record (peak 120 since the reset at 100)
+    sampler = ScriptedSampler([{"GPU:0": {"memory_mb": m}} for m in (500.0, 100.0, 120.0, 120.0)])
+    logger = DeviceMetricsLogger(sample_interval=3600.0, sampler=sampler, summary=False)
+    history = fit([logger, ReadAtEpochEnd(logger)])
+    assert (sampler.calls, sampler.resets) == (4, 2)
+    assert history["device/GPU:0/peak_memory_mb"] == [500.0, 120.0]  # not 500 again
+    assert history["device/peak_memory_mb_max"] == [500.0, 120.0]
+    assert history["device/GPU:0/memory_mb"] == [500.0, 120.0]
+    times, values = logger._thread.series()
+    assert len(times) == 4  # the dropped reading still belongs to the run's series
+
+
 def test_step_times_match_numpy_on_a_scripted_clock():
     starts = [0.0, 1.0, 1.010, 1.030, 5.0, 5.020, 5.025, 5.065]  # 2 epochs x 4 batch starts
     logger = DeviceMetricsLogger(batch_size=BATCH, sample_interval=None, summary=False)

@@ -282,6 +282,44 @@ def test_sampler_thread_series_stays_bounded():
     assert np.all(np.diff(times) > 0)
 
 
+def test_sampler_thread_new_window_drops_readings_taken_before_it_even_in_flight():
+    started, release = threading.Event(), threading.Event()
+    values = iter([1.0, 2.0, 3.0, 4.0])
+    calls = []
+
+    def read():
+        value = next(values)
+        if value == 2.0:  # this one is in flight while the window restarts
+            started.set()
+            release.wait(5)
+        return np.array([value])
+
+    sampler = SamplerThread(read, interval=None)
+    sampler.sample_now()  # 1.0: before the new window, in the window until then
+    in_flight = threading.Thread(target=sampler.sample_now)
+    in_flight.start()
+    assert started.wait(5)
+    sampler.new_window(reset=lambda: calls.append("reset"))
+    release.set()
+    in_flight.join(5)
+    assert calls == ["reset"] and sampler.drain().size == 0  # 1.0 and 2.0 are gone
+    sampler.sample_now()  # 3.0: after the new window
+    np.testing.assert_array_equal(sampler.drain(), [[3.0]])
+    np.testing.assert_array_equal(sampler.series()[1][:, 0], [1.0, 2.0, 3.0])  # the run keeps all
+
+
+def test_sampler_thread_new_window_resets_before_it_opens():
+    order = []
+    sampler = SamplerThread(lambda: order.append("read") or np.array([0.0]), interval=None)
+
+    def reset():
+        order.append("reset")
+        sampler.sample_now()  # a reading taken while the reset runs is still stale
+
+    sampler.new_window(reset)
+    assert order == ["reset", "read"] and sampler.drain().size == 0
+
+
 def test_sampler_thread_stops_on_a_failing_read_with_one_warning(caplog):
     def read():
         raise RuntimeError("driver gone")
