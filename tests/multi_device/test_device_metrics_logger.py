@@ -101,6 +101,28 @@ def test_one_device_without_gpu_reports_host_and_run_and_warns_once(monkeypatch,
         assert history["throughput/samples_per_sec_per_replica"][e] == pytest.approx(BATCH * per_sec)
 
 
+def test_real_gpu_sampler_on_faked_gpus_without_nvml_gives_memory_keys_and_one_warning(monkeypatch, caplog):
+    from keras_mgpu_plugins.samplers import GPUSampler
+    from tests.unit.test_gpu_sampler import fake_gpu_machine, fake_tensorflow
+
+    fake_tf = fake_tensorflow([1, 1], {"GPU:0": (3 << 19, 5 << 20), "GPU:1": (1 << 30, 1 << 31)})
+    with fake_gpu_machine(monkeypatch, fake_tf, None):  # TensorFlow with 2 GPUs, no nvidia-ml-py
+        samplers = [GPUSampler(), GPUSampler()]
+    monkeypatch.setattr(dml, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        history = fit([DeviceMetricsLogger(sample_interval=None, sampler=samplers[0], summary=False)])
+        fit([DeviceMetricsLogger(sample_interval=None, sampler=samplers[1], summary=False)], epochs=1)
+    assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()] == [
+        "DeviceMetricsLogger: GPU utilisation, power and temperature unavailable: nvidia-ml-py "
+        "is not installed (pip install 'keras_mgpu_plugins[nvml]')."]
+    assert {k for k in history if k.startswith("device/")} == {
+        "device/GPU:0/memory_mb", "device/GPU:0/peak_memory_mb", "device/GPU:1/memory_mb",
+        "device/GPU:1/peak_memory_mb", "device/peak_memory_mb_max"}
+    assert history["device/GPU:0/memory_mb"] == [1.5, 1.5]  # MiB
+    assert history["device/GPU:1/peak_memory_mb"] == history["device/peak_memory_mb_max"] == [2048.0] * 2
+    assert fake_tf.resets == ["GPU:0", "GPU:1"] * 3  # at each epoch's start, both fits
+
+
 def test_two_logical_devices_divide_throughput_per_replica():
     model = kmp.parallelize(strategy="mirrored")(tiny_model)()
     assert model.distribute_strategy.num_replicas_in_sync == 2
