@@ -151,7 +151,9 @@ def make_fingerprinter(
 
     Returns:
         A callable taking no argument and returning an int64 numpy array of
-        shape `(len(groups), len(groups[0]))`, each value in `[0, 2^32)`.
+        shape `(len(groups), len(groups[0]))`, each value in `[0, 2^32)`. Its
+        `traced()` returns the `tf.function` it runs, to inspect where each
+        op is placed.
 
     Example:
         >>> fingerprints = make_fingerprinter([[kernel_on_gpu0], [kernel_on_gpu1]])
@@ -197,6 +199,7 @@ def make_fingerprinter(
                 state["fn"] = build(False)
         return state["fn"]().numpy() & _MASK
 
+    fingerprints.traced = lambda: state["fn"]  # type: ignore[attr-defined]
     return fingerprints
 
 

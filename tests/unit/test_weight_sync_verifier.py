@@ -106,6 +106,21 @@ def test_fingerprinter_hashes_each_copy_on_its_device():
     assert result.tolist() != fp.make_fingerprinter(groups)().tolist()
 
 
+def test_each_hash_kernel_runs_on_the_device_of_its_variable():
+    """Only one integer per variable leaves its device: the hashing itself is placed there."""
+    groups = []
+    for device in ("/cpu:0", "/cpu:1"):
+        with tf.device(device):
+            groups.append([tf.Variable(np.ones((4, 3), "float32")), tf.Variable(np.arange(5))])
+    fingerprints = fp.make_fingerprinter(groups)
+    fingerprints()
+    graph = fingerprints.traced().get_concrete_function().graph
+    kernels = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+    devices = [tf.DeviceSpec.from_string(op.device).device_index for op in kernels]
+    assert devices == [0, 0, 1, 1]  # group order: replica 0's two variables, then replica 1's
+    assert all(op.device.endswith(f"CPU:{i}") for op, i in zip(kernels, devices, strict=True))
+
+
 def test_fingerprint_refuses_types_without_bits():
     assert not fp.supports(tf.complex64) and not fp.supports(tf.string)
     with pytest.raises(TypeError, match="complex64"):
