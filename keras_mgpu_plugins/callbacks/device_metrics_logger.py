@@ -43,6 +43,7 @@ from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import records as rec
+from keras_mgpu_plugins.samplers.reader import Reader
 from keras_mgpu_plugins.samplers.report import plot_run, summary_table
 from keras_mgpu_plugins.samplers.sinks import CSVSink, TensorBoardSink
 
@@ -68,6 +69,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     between consecutive batch starts, so the first interval of each `fit`
     (tracing the train function) and each epoch's last batch (followed by
     validation and epoch-end callbacks, not by a batch) are left out.
+
+    A sampler that raises during `fit` stops neither training nor a worker:
+    its fields read NaN where it failed, the first failure is logged, and the
+    chief names the workers whose readings failed.
 
     Args:
         batch_size: Global batch size (what `fit` receives), for samples per
@@ -159,7 +164,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._intervals: list[tuple[np.ndarray, np.ndarray]] = []
         self._readings: list[np.ndarray] = []
         self._timer.start_epoch()
-        self._thread.new_window(self._reset_peaks)  # no reading from before the reset counts
+        self._thread.new_window(self._reader.reset_peaks)  # no reading from before it counts
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._timer.mark(batch)
@@ -189,7 +194,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         seconds, batches = self._timer.take()
         self._intervals.append((seconds, batches))
         self._run_intervals.append((seconds, batches))
-        self._thread.sample_now()
+        self._thread.sample_now()  # a failing sampler reads NaN (Reader): no worker stops alone
         self._readings.append(self._thread.drain())
         if kind == "epoch":
             seconds, batches = _concat(self._intervals)
@@ -198,10 +203,13 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             readings = self._readings[-1]
         done = self._batches_done(batch)
         rows = _rows_counted(self.model) / done if done else np.nan
-        run = np.append(rec.step_stats(seconds, batches), rows)
+        run = np.append(rec.step_stats(seconds, batches), [rows, self._reader.take_failures()])
         vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
         workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
-        metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas))
+        failed = [i for i, w in enumerate(workers) if w.run["failed_reads"] > 0]
+        self._warn_once_about_peers(failed)
+        metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas),
+                                     keep_missing=bool(failed))  # a failed first read drops no key
         collective.together(lambda: self._write(kind, batch, metrics),  # chief-only files
                             "DeviceMetricsLogger: writing a record", self._strategy)
         events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
@@ -235,9 +243,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._strategy = self.model.distribute_strategy
         self._replicas = int(self._strategy.num_replicas_in_sync)
         self._chief = collective.is_chief()
-        self._device = self.sampler if self.sampler is not None else GPUSampler()
-        self._host = HostSampler()
-        self._names = list(self._device.devices())
+        self._reader = collective.together(self._open_reader, "DeviceMetricsLogger: opening the samplers",
+                                           self._strategy)
+        self._names, self._peers_warned = self._reader.names, set()
         # The chief's plot and batch-record settings decide how many collectives run,
         # on every worker alike (a worker configured otherwise must not wait alone).
         local = np.array([len(self._names), self.plot is not None, self.log_every_n_batches or 0])
@@ -259,7 +267,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self.records = []
         self._csv = self._tb = None
         collective.together(self._open_sinks, "DeviceMetricsLogger: opening its files", self._strategy)
-        self._thread = SamplerThread(self._read, self.sample_interval)
+        self._thread = SamplerThread(self._reader.read, self.sample_interval)
         self._thread.start()
         self._warn_once_about_gpus()
         self._restore_history = (  # every other callback and History see all keys
@@ -276,12 +284,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]
 
-    def _reset_peaks(self) -> None:
-        self._device.reset_peaks()
-        self._host.reset_peaks()
-
-    def _read(self) -> np.ndarray:
-        return rec.reading_vector(self._host.sample(), self._device.sample(), self._names)
+    def _open_reader(self) -> Reader:
+        return Reader(self.sampler if self.sampler is not None else GPUSampler(), HostSampler())
 
     def _gather_series(self) -> np.ndarray:
         times, values = self._thread.series()
@@ -308,25 +312,26 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         for sink in (self._csv, self._tb):
             if sink is not None:
                 sink.close()
-        close = getattr(self._device, "close", None)
+        close = getattr(self._reader.device, "close", None)
         if self.sampler is None and close is not None:
             close()
         if self._restore_history is not None:
             self._restore_history()
 
     def _warn_once_about_gpus(self) -> None:
-        if not self._chief:
-            return
-        if not self._names:
-            message = "DeviceMetricsLogger: no GPU found; GPU metrics unavailable, reporting host metrics only."
-        elif getattr(self._device, "nvml_error", None):
-            message = (f"DeviceMetricsLogger: GPU utilisation, power and temperature unavailable: "
-                       f"{self._device.nvml_error}.")
-        else:
-            return
-        if message not in _warned:
+        message = self._reader.unavailable()
+        if self._chief and message and message not in _warned:
             _warned.add(message)
             logger.warning(message)
+
+    def _warn_once_about_peers(self, failed: list[int]) -> None:
+        """The chief names other workers whose readings failed (their own logs hold the error)."""
+        new = [i for i in failed if i > 0 and i not in self._peers_warned]  # 0: logged by its Reader
+        if self._chief and new:
+            self._peers_warned.update(new)
+            logger.warning("DeviceMetricsLogger: reading devices or host failed on worker(s) %s; "
+                           "their values are NaN where it failed (the error is in that worker's log).",
+                           ", ".join(map(str, new)))
 
 
 def _rows_counted(model: Any) -> float:

@@ -24,9 +24,10 @@ from keras_mgpu_plugins.samplers.base import (
 #: Per-run fields, in the order they travel between workers.
 RUN_FIELDS = ("step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "throughput/steps_per_sec")
 
-#: What a worker sends about the run: `RUN_FIELDS`, then the rows (samples) its
-#: replicas trained on per batch, which add up to the global batch size.
-WIRE_RUN_FIELDS = (*RUN_FIELDS, "rows_per_batch")
+#: What a worker sends about the run: `RUN_FIELDS`, the rows (samples) its
+#: replicas trained on per batch, which add up to the global batch size, and how
+#: many of its readings failed in the window (their fields read NaN).
+WIRE_RUN_FIELDS = (*RUN_FIELDS, "rows_per_batch", "failed_reads")
 
 #: The only keys Keras's progress bar shows (with `progbar="summary"`).
 PROGBAR_KEYS = frozenset(
@@ -157,7 +158,8 @@ def worker_vector(run: np.ndarray, reading: np.ndarray, max_devices: int) -> np.
     width = len(WIRE_RUN_FIELDS) + len(HOST_FIELDS) + max_devices * len(DEVICE_FIELDS)
     out = np.full(width, NAN)
     out[: len(run)] = run
-    out[len(run) : len(run) + len(reading)] = reading
+    start = len(WIRE_RUN_FIELDS)
+    out[start : start + len(reading)] = reading
     return out
 
 
@@ -232,15 +234,16 @@ class KeySchema:
     """Freezes the key set at the first record, so CSV headers and logs stay stable.
 
     Keys whose value is NaN in the first record (a field no device reports)
-    are left out for the whole run; a key missing later reads NaN.
+    are left out for the whole run; a key missing later reads NaN. With
+    `keep_missing` (a reading failed), the first record keeps its NaN keys too.
     """
 
     def __init__(self) -> None:
         self.keys: list[str] | None = None
 
-    def apply(self, metrics: Mapping[str, float]) -> dict[str, float]:
+    def apply(self, metrics: Mapping[str, float], keep_missing: bool = False) -> dict[str, float]:
         if self.keys is None:
-            self.keys = [k for k, v in metrics.items() if not math.isnan(v)]
+            self.keys = [k for k, v in metrics.items() if keep_missing or not math.isnan(v)]
         return {k: float(metrics.get(k, NAN)) for k in self.keys}
 
 

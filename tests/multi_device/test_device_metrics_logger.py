@@ -182,6 +182,39 @@ def test_a_reading_between_the_record_and_the_reset_does_not_carry_the_peak_over
     assert len(times) == 4  # the dropped reading still belongs to the run's series
 
 
+class FailingSampler(ScriptedSampler):
+    """A `ScriptedSampler` whose `sample()` raises at the given calls (0-based)."""
+
+    def __init__(self, readings, fail_at):
+        super().__init__(readings)
+        self.fail_at, self.attempts = set(fail_at), 0
+
+    def sample(self):
+        self.attempts += 1
+        if self.attempts - 1 in self.fail_at:
+            raise RuntimeError("NVML: GPU is lost")
+        return super().sample()
+
+
+def test_a_failing_read_at_a_record_gives_nan_for_the_devices_and_one_warning(caplog):
+    # epoch 0's record and epoch 2's fail; epoch 1's reads 120 MB
+    sampler = FailingSampler([{"GPU:0": {"memory_mb": 120.0, "utilization_pct": 30.0}}], fail_at={0, 2})
+    logger = DeviceMetricsLogger(sample_interval=None, sampler=sampler, summary=False)
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        history = fit([logger], epochs=3)  # training goes on
+    assert len(history["loss"]) == 3
+    memory = history["device/GPU:0/memory_mb"]  # kept although the first record had none
+    assert np.isnan(memory[0]) and memory[1] == 120.0 and np.isnan(memory[2])
+    assert np.isnan(history["device/utilization_pct_mean"][0]) and history["device/GPU:0/utilization_pct"][1] == 30.0
+    assert all(v > 0 for v in history["host/memory_mb"])  # the host was read every time
+    assert "device/GPU:0/power_w" in history and np.isnan(history["device/GPU:0/power_w"]).all()
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "DeviceMetricsLogger: reading the devices failed (RuntimeError: NVML: GPU is lost); its values "
+        "are NaN in the records where a reading fails, and training goes on. Later failures in this "
+        "fit are not logged."]
+    assert [w[0].run["failed_reads"] for w in logger.records] == [1.0, 0.0, 1.0]
+
+
 def test_step_times_match_numpy_on_a_scripted_clock():
     starts = [0.0, 1.0, 1.010, 1.030, 5.0, 5.020, 5.025, 5.065]  # 2 epochs x 4 batch starts
     logger = DeviceMetricsLogger(batch_size=BATCH, sample_interval=None, summary=False)

@@ -133,32 +133,51 @@ def test_only_the_chief_writes_files_and_prints(run):
 
 
 def csv_blocked_on_the_chief(root):
+    import logging
+
     from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
     from keras_mgpu_plugins.samplers import ScriptedSampler
+
+    class LostGPU(ScriptedSampler):
+        def sample(self):
+            raise RuntimeError("GPU is lost")
 
     blocker = os.path.join(root, "a_file")
     with open(blocker, "w") as f:
         f.write("not a folder")
     chief = kmp.topology().is_chief
+    sampler = (ScriptedSampler if chief else LostGPU)([{"GPU:0": {"memory_mb": 1.0}}])
     logger = DeviceMetricsLogger(  # the chief's folder is a file: its first CSV row fails
         csv_path=os.path.join(blocker if chief else root, "metrics.csv"), summary=False,
-        sample_interval=None, sampler=ScriptedSampler([{"GPU:0": {"memory_mb": 1.0}}]),
+        sample_interval=None, sampler=sampler,  # worker 1's readings fail before that record's gather
     )
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("keras_mgpu_plugins").addHandler(handler)
     x = np.ones((GLOBAL_BATCH * STEPS, 5), "float32")
     try:
         kmp.parallelize(build_model)().fit(x, x[:, :1], batch_size=GLOBAL_BATCH, epochs=3,
                                            verbose=0, callbacks=[logger])
     except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
-        return f"{type(err).__name__}: {err}"
-    return None
+        return f"{type(err).__name__}: {err}", [w for w in warnings if "failed" in w]
+    return None, warnings
 
 
 def test_a_csv_failing_on_the_chief_stops_every_worker_at_that_record(tmp_path):
-    chief, other = kmp.launch(csv_blocked_on_the_chief, num_workers=2, args=(str(tmp_path),),
-                              timeout=200)
+    (chief, chief_warnings), (other, other_warnings) = kmp.launch(
+        csv_blocked_on_the_chief, num_workers=2, args=(str(tmp_path),), timeout=200)
     assert chief.startswith(("NotADirectoryError", "FileExistsError")) and "a_file" in chief
     assert other == (
         "PeerFailedError: DeviceMetricsLogger: writing a record failed on worker(s) 0; "
         "the error is in that worker's log. Every worker stops here."
     )
     assert sorted(os.listdir(tmp_path)) == ["a_file"]  # worker 1 wrote nothing
+    # worker 1's sampler raised at that record: NaN readings, it still joined the gather
+    assert other_warnings == [
+        "DeviceMetricsLogger: reading the devices failed (RuntimeError: GPU is lost); its values are "
+        "NaN in the records where a reading fails, and training goes on. Later failures in this fit "
+        "are not logged."]
+    assert chief_warnings == [
+        "DeviceMetricsLogger: reading devices or host failed on worker(s) 1; their values are NaN "
+        "where it failed (the error is in that worker's log)."]

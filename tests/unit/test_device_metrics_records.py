@@ -23,6 +23,7 @@ from keras_mgpu_plugins.samplers import (
 )
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.gpu import nvml_targets
+from keras_mgpu_plugins.samplers.reader import Reader
 from keras_mgpu_plugins.samplers.report import summary_table
 from keras_mgpu_plugins.samplers.sinks import CSVSink
 
@@ -134,6 +135,9 @@ def test_worker_vectors_round_trip_with_padding():
     assert list(workers[0].devices) == ["GPU:0"] and workers[0].devices["GPU:0"]["memory_mb"] == 5.0
     assert workers[1].devices["GPU:1"]["memory_mb"] == 7.0 and workers[1].host["memory_mb"] == 2.0
     assert workers[1].run["rows_per_batch"] == 9.0
+    assert np.isnan(workers[1].run["failed_reads"])  # not sent: the reading keeps its place
+    full = rec.worker_vector(np.append(run, 2.0), one, 1)
+    assert rec.unpack(full[None], [["GPU:0"]])[0].run["failed_reads"] == 2.0
 
 
 def test_samples_per_second_add_up_the_rows_every_worker_counted():
@@ -183,6 +187,9 @@ def test_key_schema_is_frozen_at_the_first_record():
     assert first == {"a": 1.0, "c": 3.0}
     later = schema.apply({"a": 2.0, "b": 5.0, "d": 1.0})
     assert list(later) == ["a", "c"] and later["a"] == 2.0 and np.isnan(later["c"])
+    kept = rec.KeySchema()  # a reading failed at the first record: its keys are not lost
+    assert list(kept.apply({"a": 1.0, "b": NAN}, keep_missing=True)) == ["a", "b"]
+    assert kept.apply({"a": 2.0, "b": 5.0}) == {"a": 2.0, "b": 5.0}
 
 
 def test_progbar_keys_are_the_aggregates():
@@ -249,6 +256,73 @@ def test_host_sampler_reads_this_process():
 )
 def test_nvml_targets_follow_cuda_visible_devices(visible, expected):
     assert nvml_targets([0, 1], visible) == expected
+
+
+class Broken:
+    """A sampler whose `sample()` raises (or returns `bad`) while `broken`, and whose reset raises."""
+
+    def __init__(self, bad=None):
+        self.broken, self.bad = True, bad
+
+    def devices(self):
+        return ["GPU:0"]
+
+    def sample(self):
+        if not self.broken:
+            return {"GPU:0": {"memory_mb": 5.0, "utilization_pct": 50.0}}
+        if self.bad is not None:
+            return self.bad
+        raise RuntimeError("GPU is lost")
+
+    def reset_peaks(self):
+        if self.broken:
+            raise RuntimeError("cannot reset")
+
+
+class FixedHost:
+    def sample(self):
+        return {"memory_mb": 800.0, "cpu_pct": 25.0}
+
+    def reset_peaks(self):
+        pass
+
+
+def test_reader_turns_a_failing_sampler_into_nan_fields_with_one_warning(caplog):
+    device = Broken()
+    reader = Reader(device, FixedHost())
+    width = len(HOST_FIELDS) + len(DEVICE_FIELDS)
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        first = reader.read()
+        reader.reset_peaks()
+        reader.read()
+    assert first.shape == (width,) and first[:2].tolist() == [800.0, 25.0]  # the host is kept
+    assert np.isnan(first[len(HOST_FIELDS):]).all()
+    assert reader.take_failures() == 3 and reader.take_failures() == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "DeviceMetricsLogger: reading the devices failed (RuntimeError: GPU is lost); its values are "
+        "NaN in the records where a reading fails, and training goes on. Later failures in this fit "
+        "are not logged."]
+    device.broken = False  # it recovers
+    recovered = reader.read()
+    assert recovered[len(HOST_FIELDS):][[0, 2]].tolist() == [5.0, 50.0] and reader.take_failures() == 0
+
+
+@pytest.mark.parametrize("bad", [["not", "a", "mapping"], {"GPU:0": {"memory_mb": "lots"}}])
+def test_reader_counts_a_reading_that_is_not_one_as_a_failure(bad):
+    reader = Reader(Broken(bad), FixedHost())
+    assert np.isnan(reader.read()[len(HOST_FIELDS):]).all() and reader.take_failures() == 1
+
+
+def test_reader_says_what_cannot_be_reported():
+    class NoNvml(Broken):
+        nvml_error = "nvidia-ml-py is not installed"
+
+    assert Reader(Broken(), FixedHost()).unavailable() is None
+    assert Reader(NoNvml(), FixedHost()).unavailable() == (
+        "DeviceMetricsLogger: GPU utilisation, power and temperature unavailable: "
+        "nvidia-ml-py is not installed.")
+    assert Reader(ScriptedSampler([{}]), FixedHost()).unavailable() == (
+        "DeviceMetricsLogger: no GPU found; GPU metrics unavailable, reporting host metrics only.")
 
 
 # --- sampler thread ------------------------------------------------------------------
