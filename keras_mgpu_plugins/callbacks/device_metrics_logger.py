@@ -45,7 +45,7 @@ from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, 
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.reader import Reader
 from keras_mgpu_plugins.samplers.report import plot_run, summary_table
-from keras_mgpu_plugins.samplers.sinks import CSVSink, TensorBoardSink
+from keras_mgpu_plugins.samplers.sinks import RecordSinks
 
 logger = logging.getLogger("keras_mgpu_plugins")
 _warned: set[str] = set()
@@ -216,13 +216,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         return workers, metrics
 
     def _write(self, kind: str, batch: int | None, metrics: dict[str, float]) -> None:
-        if not self._chief:
-            return
-        done = self._batches_done(batch)
-        if self._csv is not None:
-            self._csv.write(time.perf_counter() - self._t0, self._epoch, done, kind, metrics)
-        if self._tb is not None:
-            self._tb.write(self._steps_before_epoch + done, metrics)
+        done = self._batches_done(batch)  # no sinks but on the chief
+        self._sinks.write(time.perf_counter() - self._t0, self._epoch, done, kind,
+                          self._steps_before_epoch + done, metrics)
 
     def _batches_done(self, batch: int | None) -> int:
         """Batches done in this epoch: `batch` at a batch start, else all started ones."""
@@ -265,7 +261,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._epoch_ends: list[float] = []
         self._run_intervals: list[tuple[np.ndarray, np.ndarray]] = []
         self.records = []
-        self._csv = self._tb = None
+        self._sinks = RecordSinks()
         collective.together(self._open_sinks, "DeviceMetricsLogger: opening its files", self._strategy)
         self._thread = SamplerThread(self._reader.read, self.sample_interval)
         self._thread.start()
@@ -276,10 +272,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         )
 
     def _open_sinks(self) -> None:
-        if self._chief and self.csv_path:
-            self._csv = CSVSink(self.csv_path)
-        if self._chief and self.log_dir:
-            self._tb = TensorBoardSink(self.log_dir)
+        if self._chief:
+            self._sinks = RecordSinks(self.csv_path, self.log_dir)
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]
@@ -289,13 +283,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _gather_series(self) -> np.ndarray:
         times, values = self._thread.series()
-        duration = max(time.perf_counter() - self._t0, 1e-9)
-        grid = np.linspace(0.0, duration, PLOT_POINTS)
-        local = rec.resample(times - self._t0, values, grid) if len(times) else np.full((PLOT_POINTS, 0), np.nan)
+        grid = np.linspace(0.0, max(time.perf_counter() - self._t0, 1e-9), PLOT_POINTS)
         width = len(rec.HOST_FIELDS) + self._max_devices * len(rec.DEVICE_FIELDS)
-        padded = np.full((PLOT_POINTS, width), np.nan)
-        padded[:, : local.shape[1]] = local
-        gathered = collective.all_gather(padded, self._strategy)
+        local = rec.resample(times - self._t0, values, grid, width)  # the same shape on every worker
+        gathered = collective.all_gather(local, self._strategy)
         return np.concatenate([grid[None, :, None].repeat(len(gathered), 0), gathered], axis=2)
 
     def _finish(self, series: np.ndarray | None) -> None:
@@ -309,9 +300,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _close_run(self) -> None:
         self._thread.stop()
-        for sink in (self._csv, self._tb):
-            if sink is not None:
-                sink.close()
+        self._sinks.close()
         close = getattr(self._reader.device, "close", None)
         if self.sampler is None and close is not None:
             close()

@@ -247,10 +247,15 @@ class KeySchema:
         return {k: float(metrics.get(k, NAN)) for k in self.keys}
 
 
-def resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Linear interpolation of each column of `values` at `grid` (NaN-aware)."""
-    out = np.full((len(grid), values.shape[1] if values.ndim == 2 else 0), NAN)
-    for j in range(out.shape[1]):
+def resample(times: np.ndarray, values: np.ndarray, grid: np.ndarray, width: int | None = None) -> np.ndarray:
+    """Linear interpolation of each column of `values` at `grid` (NaN-aware).
+
+    With `width`, the result has that many columns: missing ones (no readings,
+    fewer devices than another worker) are NaN.
+    """
+    columns = values.shape[1] if values.ndim == 2 and len(times) else 0
+    out = np.full((len(grid), columns if width is None else width), NAN)
+    for j in range(min(columns, out.shape[1])):
         present = ~np.isnan(values[:, j])
         if present.any():
             out[:, j] = np.interp(grid, times[present], values[present, j])

@@ -1,4 +1,4 @@
-"""Where batch-level device metrics go on the chief: a CSV file and TensorBoard."""
+"""Where every record of device metrics goes on the chief: a CSV file and TensorBoard."""
 
 from __future__ import annotations
 
@@ -10,6 +10,32 @@ from typing import Any
 
 #: Columns written before the metric keys in the CSV file.
 CSV_PREFIX = ("time_s", "epoch", "batch", "kind")
+
+
+class RecordSinks:
+    """The chief's files for every record: a CSV file and TensorBoard scalars, each optional.
+
+    Args:
+        csv_path: CSV file with one row per record, or `None`.
+        log_dir: TensorBoard directory, or `None`.
+    """
+
+    def __init__(self, csv_path: str | None = None, log_dir: str | None = None) -> None:
+        self.csv = CSVSink(csv_path) if csv_path else None
+        self.tensorboard = TensorBoardSink(log_dir) if log_dir else None
+
+    def write(self, time_s: float, epoch: int, batch: int, kind: str, step: int,
+              metrics: Mapping[str, float]) -> None:
+        """One record: a CSV row (`batch` done in `epoch`) and scalars at global `step`."""
+        if self.csv is not None:
+            self.csv.write(time_s, epoch, batch, kind, metrics)
+        if self.tensorboard is not None:
+            self.tensorboard.write(step, metrics)
+
+    def close(self) -> None:
+        for sink in (self.csv, self.tensorboard):
+            if sink is not None:
+                sink.close()
 
 
 class CSVSink:

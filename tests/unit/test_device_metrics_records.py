@@ -25,7 +25,7 @@ from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.gpu import nvml_targets
 from keras_mgpu_plugins.samplers.reader import Reader
 from keras_mgpu_plugins.samplers.report import summary_table
-from keras_mgpu_plugins.samplers.sinks import CSVSink
+from keras_mgpu_plugins.samplers.sinks import CSVSink, RecordSinks
 
 NAN = math.nan
 
@@ -205,6 +205,11 @@ def test_resample_interpolates_each_column():
     out = rec.resample(times, values, np.array([0.5, 1.5]))
     np.testing.assert_allclose(out[:, 0], [5.0, 15.0])
     assert np.isnan(out[:, 1]).all()
+    padded = rec.resample(times, values, np.array([0.5, 1.5]), width=4)  # another worker has more
+    np.testing.assert_array_equal(padded[:, :2], out)
+    assert padded.shape == (2, 4) and np.isnan(padded[:, 2:]).all()
+    nothing = rec.resample(np.empty(0), np.empty((0, 0)), np.array([0.5, 1.5]), width=3)
+    assert nothing.shape == (2, 3) and np.isnan(nothing).all()
 
 
 # --- samplers ------------------------------------------------------------------------
@@ -443,6 +448,16 @@ def test_csv_sink_header_is_fixed_by_the_first_row(tmp_path):
         ["1.500", "0", "2", "batch", "1.0", ""],
         ["3.000", "0", "4", "epoch", "2.0", "0.5"],
     ]
+
+
+def test_record_sinks_write_each_record_to_the_files_asked_for(tmp_path):
+    RecordSinks().write(0.0, 0, 1, "batch", 1, {"a": 1.0})  # none: nothing happens
+    RecordSinks().close()
+    sinks = RecordSinks(csv_path=str(tmp_path / "m.csv"))
+    assert sinks.tensorboard is None
+    sinks.write(0.25, 1, 3, "epoch", 7, {"a": 1.0})
+    sinks.close()
+    assert (tmp_path / "m.csv").read_text().splitlines() == ["time_s,epoch,batch,kind,a", "0.250,1,3,epoch,1.0"]
 
 
 # --- argument errors --------------------------------------------------------------------
