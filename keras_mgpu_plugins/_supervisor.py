@@ -56,39 +56,76 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
     """
     tmpdir = tempfile.mkdtemp(prefix="kmp-launch-")  # mode 0700: private to this user
     workers: list[_Worker] = []
+    with _deferred_interrupt() as interrupted:
+        try:
+            results = _run(spec, num_workers, timeout, environ, payload, tmpdir, workers,
+                           interrupted)
+        finally:
+            _stop(workers)
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        if interrupted is not None and interrupted.is_set():  # Ctrl-C after the workers ended
+            raise KeyboardInterrupt
+        return results
+
+
+@contextlib.contextmanager
+def _deferred_interrupt() -> Any:
+    """While workers run, Ctrl-C sets an event that the supervisor acts on at a safe point.
+
+    A `KeyboardInterrupt` raised anywhere would be unsafe: raised inside
+    `Popen.poll()` after it took its internal lock (CPython takes it before its
+    `try`), it leaves that lock held, and stopping the workers then waits on it
+    forever. Only Python's default SIGINT handler, in the main thread, is
+    replaced; a handler of the caller's own is left alone.
+
+    Yields:
+        The event (set on Ctrl-C), or `None` where SIGINT is not handled here.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield None
+        return
+    event = threading.Event()
+    signal.signal(signal.SIGINT, lambda signum, frame: event.set())
     try:
-        spec_path = os.path.join(tmpdir, "spec.pkl")
-        if payload is not None:
-            spec["payload_path"] = os.path.join(tmpdir, "payload.pkl")
-            with open(spec["payload_path"], "wb") as f:
-                f.write(payload)
-        pythonpath = environ.get("PYTHONPATH")
-        spec.update(parent_pid=os.getpid(), num_workers=num_workers, pythonpath=pythonpath)
-        with open(spec_path, "wb") as f:
-            pickle.dump(spec, f)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        # One id per job, shared by every worker (e.g. a W&B group); kept if already set.
-        job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
-        environ = {**environ, "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
-                   "KMP_JOB_ID": job_id,
-                   "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
-        cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
-        for index in range(num_workers):
-            tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "keras_mgpu_plugins._worker", spec_path, str(index)],
-                env={**environ, "TF_CONFIG": json.dumps(tf_config), "KMP_WORKER_INDEX": str(index)},
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            workers.append(_Worker(index, proc, spec_path))
-        _supervise(workers, timeout, payload is not None)
-        _stop(workers)
-        _raise_first_failure(workers, payload is not None)
-        return [w.result() for w in workers] if payload is not None else [None] * num_workers
+        yield event
     finally:
-        _stop(workers)
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
+         payload: bytes | None, tmpdir: str, workers: list[_Worker],
+         interrupted: threading.Event | None) -> list[Any]:
+    """The body of `run`: write the spec, start the workers, supervise them."""
+    spec_path = os.path.join(tmpdir, "spec.pkl")
+    if payload is not None:
+        spec["payload_path"] = os.path.join(tmpdir, "payload.pkl")
+        with open(spec["payload_path"], "wb") as f:
+            f.write(payload)
+    pythonpath = environ.get("PYTHONPATH")
+    spec.update(parent_pid=os.getpid(), num_workers=num_workers, pythonpath=pythonpath)
+    with open(spec_path, "wb") as f:
+        pickle.dump(spec, f)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # One id per job, shared by every worker (e.g. a W&B group); kept if already set.
+    job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
+    environ = {**environ, "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
+               "KMP_JOB_ID": job_id,
+               "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
+    cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
+    for index in range(num_workers):
+        tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keras_mgpu_plugins._worker", spec_path, str(index)],
+            env={**environ, "TF_CONFIG": json.dumps(tf_config), "KMP_WORKER_INDEX": str(index)},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        workers.append(_Worker(index, proc, spec_path))
+    _supervise(workers, timeout, payload is not None, interrupted)
+    _stop(workers)
+    _raise_first_failure(workers, payload is not None)
+    return [w.result() for w in workers] if payload is not None else [None] * num_workers
 
 
 def free_ports(n: int) -> list[int]:
@@ -204,10 +241,18 @@ def _relay(pipe: Any, index: int, stream_name: str, tail: collections.deque | No
                     pass  # no usable stream: the line is dropped, the worker goes on
 
 
-def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool) -> None:
-    """Waits until every worker is done, one fails, or the timeout expires."""
+def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool,
+               interrupted: threading.Event | None = None) -> None:
+    """Waits until every worker is done, one fails, the timeout expires, or Ctrl-C.
+
+    Raises:
+        KeyboardInterrupt: When `interrupted` is set (the caller stops the workers).
+        LaunchTimeoutError: When the timeout expires (the workers are stopped).
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if interrupted is not None and interrupted.is_set():
+            raise KeyboardInterrupt
         done = [w.check_exit() for w in workers]
         failing = [w for w in workers if w.failed(expects_result)]
         if failing:  # a worker that reported an error is exiting: let it finish

@@ -93,3 +93,36 @@ def test_the_module_is_callable_like_the_function():
     """`kmp.launch` is the module once it was imported by name: calling it still launches."""
     with pytest.raises(ValueError, match="num_workers=0"):
         launch_module(print, num_workers=0)
+
+
+def test_ctrl_c_while_workers_run_sets_an_event_instead_of_raising_anywhere():
+    """A KeyboardInterrupt inside Popen.poll() could leave its lock held and hang the shutdown."""
+    import os
+    import signal
+
+    from keras_mgpu_plugins import _supervisor
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with _supervisor._deferred_interrupt() as interrupted:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at once, to this (the main) thread
+        assert interrupted.wait(5)  # noticed, nothing raised
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # the supervisor raises it at its safe point
+        _supervisor._supervise([], None, True, interrupted)
+
+
+def test_a_sigint_handler_of_the_callers_own_is_left_alone():
+    import signal
+
+    from keras_mgpu_plugins import _supervisor
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        with _supervisor._deferred_interrupt() as interrupted:
+            assert interrupted is None and signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous)
