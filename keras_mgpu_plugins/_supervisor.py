@@ -34,6 +34,8 @@ from keras_mgpu_plugins._launch_errors import (
     describe_exit,
 )
 
+#: Exit code of a worker stopped by `StallWatchdog` (its module imports Keras: not here).
+STALL_EXIT_CODE = 70
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
 _TAIL_LINES = 20
@@ -109,8 +111,10 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # One id per job, shared by every worker (e.g. a W&B group); kept if already set.
     job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
+    job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
+    os.mkdir(job_dir)
     environ = {**environ, "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
-               "KMP_JOB_ID": job_id,
+               "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
     for index in range(num_workers):
@@ -121,7 +125,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        workers.append(_Worker(index, proc, spec_path))
+        workers.append(_Worker(index, proc, spec_path, job_dir))
     _supervise(workers, timeout, payload is not None, interrupted)
     _stop(workers)
     _raise_first_failure(workers, payload is not None)
@@ -147,8 +151,10 @@ def free_ports(n: int) -> list[int]:
 class _Worker:
     """One worker process: its pipes' relays, outcome files and process group."""
 
-    def __init__(self, index: int, proc: subprocess.Popen, spec_path: str) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen, spec_path: str,
+                 job_dir: str) -> None:
         self.index, self.proc = index, proc
+        self.stall_path = os.path.join(job_dir, "stall_watchdog", "stall.txt")
         self.result_path = _worker.outcome_path(spec_path, index, "result")
         self.error_path = _worker.outcome_path(spec_path, index, "error")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
@@ -177,6 +183,9 @@ class _Worker:
     def error_record(self) -> tuple[str | None, BaseException | None, float | None, str | None]:
         """The worker's report: exception type name, exception, wall time, traceback text."""
         record = _worker.read_error(self.error_path)
+        if record is None and self.proc.returncode == STALL_EXIT_CODE:
+            with contextlib.suppress(OSError), open(self.stall_path) as f:
+                return "StallError", None, self.exited_at, f.read()
         return record if record is not None else (None, None, self.exited_at, None)
 
     def result(self) -> Any:
@@ -334,6 +343,8 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
 def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool) -> str:
     """How worker `w` failed, e.g. "raised ValueError (exit code 1)"."""
     code = w.proc.returncode
+    if raised == "StallError" and text:  # the watchdog's verdict, first line
+        return f"was stopped by StallWatchdog (exit code {code}): {text.splitlines()[0]}"
     if raised is not None and raised != "SystemExit":
         return f"raised {raised} (exit code {code})"
     if code is not None and code < 0:

@@ -10,6 +10,8 @@ in its own session, with `TF_CONFIG` already in its environment. In order, it:
 3. creates the multi-worker strategy when the job has several workers and the
    launcher asks for it: TensorFlow requires collective ops to be configured
    before its runtime starts, i.e. before any user code can run an op;
+   then, for `kmp-launch --stall-timeout`, makes every `fit` get a
+   `StallWatchdog`;
 4. runs the user's code (a cloudpickled function, a script or a module) and
    writes the outcome to a private file beside the spec: the function's value,
    or the exception with its traceback text and the time it happened.
@@ -127,6 +129,10 @@ def _maybe_create_strategy(spec: dict) -> None:
         from keras_mgpu_plugins.strategy import get_strategy
 
         get_strategy("multi_worker")
+    if spec.get("stall_timeout") is not None:  # kmp-launch --stall-timeout
+        from keras_mgpu_plugins.callbacks.stall_watchdog import add_to_every_fit
+
+        add_to_every_fit(spec["stall_timeout"])
 
 
 def _user_traceback(err: BaseException) -> str:

@@ -32,7 +32,8 @@ from keras_mgpu_plugins._launch_errors import (
 from keras_mgpu_plugins._supervisor import run as _run
 
 #: Variables the launcher sets in each worker; `env` may not override them.
-WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX")
+WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
+                   "KMP_JOB_DIR")
 
 
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
@@ -176,8 +177,9 @@ multi-worker job on localhost.
 
 Each worker runs `script.py args...` as __main__, with TF_CONFIG describing a
 cluster of N workers on free localhost ports and this one's index, plus
-KMP_LAUNCH_WORKER=1, KMP_NUM_WORKERS=N, KMP_WORKER_INDEX=i and KMP_JOB_ID
-(one id for the whole run; the parent's value if set). Unless
+KMP_LAUNCH_WORKER=1, KMP_NUM_WORKERS=N, KMP_WORKER_INDEX=i, KMP_JOB_ID
+(one id for the whole run; the parent's value if set) and KMP_JOB_DIR (a
+private folder the workers share, removed at the end). Unless
 --no-strategy is given, each worker creates its MultiWorkerMirroredStrategy
 before the script starts (TensorFlow needs collective ops configured before
 its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the
@@ -187,15 +189,21 @@ script creates itself, then uses it. Output lines are prefixed with
 Fail-fast: when a worker exits non-zero or dies, the others (and every process
 they started) are stopped within seconds. The exit code is 0 when every worker
 succeeds, else the first failing worker's exit code (128+N if it was killed by
-signal N), 124 when --timeout expires, and 130 on Ctrl-C."""
+signal N), 124 when --timeout expires, and 130 on Ctrl-C.
+
+--stall-timeout SECONDS adds kmp.callbacks.StallWatchdog(timeout=SECONDS) to
+every model.fit in every worker (a fit that has its own keeps it): when no
+worker makes progress for that long, each prints its Python stacks and the
+job fails (exit code 70), naming the stuck worker."""
 
 _CLI_EPILOG = """\
 examples:
   kmp-launch -n 2 train.py --epochs 3
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
+  kmp-launch -n 2 --stall-timeout 300 train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
-_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout")
+_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout")
 
 
 def _positive(kind: type, flag: str) -> Callable[[str], Any]:
@@ -215,7 +223,8 @@ def _positive(kind: type, flag: str) -> Callable[[str], Any]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
-        usage="kmp-launch [-n N] [--timeout SECONDS] [--no-strategy] "
+        usage="kmp-launch [-n N] [--timeout SECONDS] [--stall-timeout SECONDS] "
+              "[--no-strategy] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -223,6 +232,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="number of worker processes (default: 2)")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), metavar="SECONDS",
                         help="stop every worker and exit with code 124 after this many seconds")
+    parser.add_argument("--stall-timeout", type=_positive(float, "--stall-timeout"),
+                        metavar="SECONDS",
+                        help="add kmp.callbacks.StallWatchdog(timeout=SECONDS) to every "
+                             "model.fit in every worker")
     parser.add_argument("--no-strategy", action="store_true",
                         help="do not create the multi-worker strategy before the script starts")
     parser.add_argument("-m", dest="module", metavar="module",
@@ -271,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spec = {"mode": "script" if options.module is None else "module",
             "target": options.script or options.module, "argv": [*options.args, *rest],
-            "create_strategy": not options.no_strategy}
+            "create_strategy": not options.no_strategy, "stall_timeout": options.stall_timeout}
     try:
         _check_common(options.num_workers, options.timeout)
         _run(spec, options.num_workers, options.timeout, _worker_environ(None))

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
         ModelCheckpoint,
         ParallelModelCheckpoint,
     )
+    from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
     from keras_mgpu_plugins.callbacks.weight_sync_verifier import WeightSyncVerifier
 
 _MODULES = {
@@ -26,6 +27,7 @@ _MODULES = {
     "BackupAndRestore": "backup_and_restore",
     "DeviceMetricsLogger": "device_metrics_logger",
     "WeightSyncVerifier": "weight_sync_verifier",
+    "StallWatchdog": "stall_watchdog",
 }
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "EarlyStopping",
     "ModelCheckpoint",
     "ParallelModelCheckpoint",
+    "StallWatchdog",
     "WeightSyncVerifier",
 ]
 

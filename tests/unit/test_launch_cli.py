@@ -29,6 +29,7 @@ def no_workers(monkeypatch):
         (["-n", "3", "-mpkg.train", "x"], ["-n", "3", "-mpkg.train"], ["x"]),
         (["--", "-odd-name.py", "a"], ["--", "-odd-name.py"], ["a"]),
         (["--help"], ["--help"], []),
+        (["--stall-timeout", "60", "t.py", "a"], ["--stall-timeout", "60", "t.py"], ["a"]),
     ],
 )
 def test_the_script_or_module_ends_the_launchers_options(argv, own, rest):
@@ -39,7 +40,8 @@ def test_help_documents_the_options(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for text in ("-n N", "--timeout SECONDS", "--no-strategy", "-m module", "[worker i]",
-                 "TF_CONFIG", "KMP_WORKER_INDEX", "124"):
+                 "TF_CONFIG", "KMP_WORKER_INDEX", "124", "--stall-timeout SECONDS",
+                 "StallWatchdog(timeout=SECONDS)", "KMP_JOB_DIR", "exit code 70"):
         assert text in out
 
 
@@ -51,6 +53,9 @@ def test_help_documents_the_options(capsys):
         (["--timeout", "-1", "t.py"], "must be a positive number. Received: --timeout=-1"),
         (["--timeout", "nan", "t.py"], "must be a positive number. Received: --timeout=nan"),
         (["-n", "2"], "give exactly one of a script or -m module"),
+        (["--stall-timeout", "0", "t.py"], "must be a positive number. Received: --stall-timeout=0"),
+        (["--stall-timeout", "soon", "t.py"],
+         "must be a positive number. Received: --stall-timeout=soon"),
     ],
 )
 def test_usage_errors_exit_2_and_say_what_is_valid(capsys, argv, message):
@@ -88,9 +93,11 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
     monkeypatch.setattr(launch_module, "_run", fake_run)
     codes = [main(["-n", "3", "--timeout", "9", str(script), "a"]) for _ in range(4)]
     assert codes == [5, 128 + 9, 124, 130]
-    assert main(["--no-strategy", "-m", "pkg.mod", "b"]) == 0
+    assert main(["--no-strategy", "--stall-timeout", "30", "-m", "pkg.mod", "b"]) == 0
     assert "kmp-launch: worker 1 of 2 exited with code 5." in capsys.readouterr().err
     assert seen[0] == (
-        {"mode": "script", "target": str(script), "argv": ["a"], "create_strategy": True}, 3, 9.0)
+        {"mode": "script", "target": str(script), "argv": ["a"], "create_strategy": True,
+         "stall_timeout": None}, 3, 9.0)
     assert seen[-1] == (
-        {"mode": "module", "target": "pkg.mod", "argv": ["b"], "create_strategy": False}, 2, None)
+        {"mode": "module", "target": "pkg.mod", "argv": ["b"], "create_strategy": False,
+         "stall_timeout": 30.0}, 2, None)

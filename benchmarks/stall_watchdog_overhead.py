@@ -1,0 +1,66 @@
+"""What `kmp.callbacks.StallWatchdog` costs per step, against the same fit without it.
+
+Trains one small model for `--steps` batches per `fit`, `--repeats` times with and
+without `StallWatchdog(timeout=600)`, interleaved so drifts of a shared machine
+hit both alike, and prints the median wall time per step of each, their ratio,
+and the cost of the watchdog's batch hook alone (two assignments, measured with
+`timeit`). Its thread wakes once a second, off the training thread.
+
+    python benchmarks/stall_watchdog_overhead.py [--steps 200] [--repeats 9] [--units 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import timeit
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="batches per fit")
+    parser.add_argument("--repeats", type=int, default=9, help="fits per setup")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--units", type=int, default=256)
+    args = parser.parse_args()
+
+    import keras
+    import numpy as np
+
+    from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog, note_progress
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.batch * args.steps, 32)).astype("float32")
+    y = rng.normal(size=(len(x), 1)).astype("float32")
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(args.units, "relu"),
+                              keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)  # trace before timing
+    folder = tempfile.mkdtemp(prefix="kmp-stall-bench-")
+    setups = {"none": lambda: [],
+              "watchdog": lambda: [StallWatchdog(timeout=600, directory=folder)]}
+    per_step: dict[str, list[float]] = {name: [] for name in setups}
+    for repeat in range(args.repeats):
+        for name in (list(setups) if repeat % 2 == 0 else list(setups)[::-1]):
+            start = time.perf_counter()
+            model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
+                      callbacks=setups[name]())
+            per_step[name].append((time.perf_counter() - start) / args.steps)
+    medians = {name: statistics.median(times) for name, times in per_step.items()}
+    hook = min(timeit.repeat(note_progress, number=100_000, repeat=5)) / 100_000
+    print(f"steps per fit: {args.steps}, fits per setup: {args.repeats}, "
+          f"batch {args.batch}, Dense({args.units})")
+    for name, median in medians.items():
+        print(f"{name:>9}: {median * 1e3:.3f} ms/step (median)")
+    print(f"ratio watchdog/none: {medians['watchdog'] / medians['none']:.3f}")
+    print(f"batch hook alone: {hook * 1e9:.0f} ns "
+          f"({hook / medians['none'] * 100:.4f}% of a step)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""The parts of `StallWatchdog` that need no Keras: the verdict, stacks, heartbeats.
+
+- `locate(frame)`: where a thread is, from its Python stack: inside TensorFlow
+  (a step, a collective: possibly waiting for a peer), tracing or saving (busy:
+  the clock is paused), or in Python code (the innermost user frame).
+- `decide(...)`: the pure decision: has every worker gone `timeout` seconds
+  without progress, and which ones are stuck rather than waiting?
+- `Board`: each worker's heartbeat, a small JSON file in a folder every worker
+  can read (the launcher's job folder), or in memory when there is none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from types import FrameType
+
+_TF = f"{os.sep}tensorflow{os.sep}"
+_STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
+#: Not the user's code: where a frame is reported from the user's point of view.
+_LIBRARIES = (_TF, f"{os.sep}keras{os.sep}", f"{os.sep}keras_mgpu_plugins{os.sep}",
+              f"{os.sep}ray{os.sep}", "<frozen ")
+#: Frames that mean "busy, not stuck": TensorFlow tracing a function, a save in progress.
+_BUSY = {
+    "tracing a function": (f"{_TF}python{os.sep}framework{os.sep}func_graph.py",
+                           f"{os.sep}polymorphic_function{os.sep}tracing_compilation.py",
+                           f"{_TF}python{os.sep}autograph{os.sep}"),
+    "saving": (f"{os.sep}keras{os.sep}src{os.sep}saving{os.sep}", f"{os.sep}h5py{os.sep}",
+               f"{os.sep}callbacks{os.sep}_checkpoint_io.py",
+               f"{os.sep}callbacks{os.sep}_atomic.py"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """One worker's heartbeat.
+
+    Attributes:
+        worker: Its index.
+        idle_s: Seconds since its last progress, when written.
+        written_at: Wall time it was written.
+        progress: Number of progress events so far (batches, epochs, ...).
+        state: `"running"`, `"busy"` (clock paused) or `"finished"`.
+        inside_tf: Whether its training thread is inside a TensorFlow op.
+        where: Where its training thread is, in words.
+    """
+
+    worker: int
+    idle_s: float
+    written_at: float
+    progress: int
+    state: str
+    inside_tf: bool
+    where: str
+
+    def idle_at(self, now: float) -> float:
+        """Seconds without progress at wall time `now` (a stale file counts too)."""
+        return self.idle_s + max(0.0, now - self.written_at)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A stall: who is stuck, and the message every worker prints."""
+
+    stuck: tuple[int, ...]
+    message: str
+
+
+def _short(filename: str) -> str:
+    parts = filename.split(os.sep)
+    return os.sep.join(parts[-2:]) if len(parts) > 2 else filename
+
+
+def _describe(frame: FrameType) -> str:
+    return f"{frame.f_code.co_name} ({_short(frame.f_code.co_filename)}:{frame.f_lineno})"
+
+
+def locate(frame: FrameType | None) -> tuple[str, bool, str]:
+    """Where a thread is, from its innermost frame.
+
+    Returns:
+        `(busy, inside_tf, where)`: `busy` names a busy state
+        (`"tracing a function"`, `"saving"`) or is `""`; `inside_tf` says the
+        thread is in a TensorFlow call (a TensorFlow frame is nearer the top of
+        the stack than any user frame); `where` describes the place in words.
+    """
+    if frame is None:
+        return "", False, "nowhere (the thread has ended)"
+    innermost, user, tf_frame = frame, None, None
+    busy = ""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not busy:
+            busy = next((what for what, marks in _BUSY.items()
+                         if any(mark in name for mark in marks)), "")
+        if user is None and tf_frame is None and _TF in name:
+            tf_frame = frame  # a TensorFlow call nearer the top than any user code
+        if user is None and not (name.startswith(_STDLIB)
+                                 or any(lib in name for lib in _LIBRARIES)):
+            user = frame
+        frame = frame.f_back
+    inside_tf = tf_frame is not None
+    if tf_frame is not None:
+        where = f"inside TensorFlow at {_describe(tf_frame)}"
+        if user is not None:
+            where += f", called from {_describe(user)}"
+    else:
+        where = f"in {_describe(user or innermost)}"
+    return busy, inside_tf, where
+
+
+def format_stacks(prefix: str = "") -> str:
+    """Every thread's Python stack, innermost call first, like `faulthandler` prints them."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = []
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"Thread 0x{ident:016x} ({names.get(ident, '?')}), most recent call first:")
+        for summary in reversed(traceback.extract_stack(frame)):
+            lines.append(f'  File "{summary.filename}", line {summary.lineno} in {summary.name}')
+        lines.append("")
+    return "".join(f"{prefix}{line}\n" for line in lines)
+
+
+def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: float,
+           now: float, unreported_idle: float) -> Verdict | None:
+    """Whether the job is stalled: no worker made progress for `timeout` seconds.
+
+    A worker without a report counts as idle for `unreported_idle` seconds (it
+    never started watching: stuck before training). Finished workers do not
+    count; a busy one (tracing, saving) means no stall. Stuck are the workers
+    outside TensorFlow (a worker inside TensorFlow may be waiting for a peer in
+    a collective); if every worker is inside TensorFlow, those with the least
+    progress.
+
+    Returns:
+        The verdict, or `None` while some worker progresses.
+    """
+    idle: dict[int, float] = {}
+    for worker in range(num_workers):
+        report = reports.get(worker)
+        if report is not None and report.state == "finished":
+            continue
+        if report is not None and report.state == "busy":
+            return None
+        idle[worker] = report.idle_at(now) if report is not None else unreported_idle
+    if not idle or min(idle.values()) < timeout:
+        return None
+    missing = [w for w in idle if reports.get(w) is None]
+    outside = [w for w in idle if w not in missing and not reports[w].inside_tf]
+    if missing or outside:
+        stuck = tuple(missing + outside)
+    else:
+        least = min(reports[w].progress for w in idle)
+        stuck = tuple(w for w in idle if reports[w].progress == least)
+    lines = [f"StallWatchdog: no worker made progress for {timeout:g} seconds "
+             f"(timeout={timeout:g}); stuck: worker {', '.join(map(str, stuck))}"]
+    for worker in sorted(idle):
+        report = reports.get(worker)
+        if report is None:
+            lines.append(f"  worker {worker}: stuck: it never reported (no StallWatchdog "
+                         f"running there, or it is stuck before training began).")
+            continue
+        role = "stuck" if worker in stuck else "waiting"
+        lines.append(f"  worker {worker}: {role} {report.where}; no progress for "
+                     f"{report.idle_at(now):.0f} s after {report.progress} progress events.")
+    if not missing and not outside:
+        lines.append("  Every worker is inside TensorFlow: the stuck one is the one with the "
+                     "least progress (a stuck input pipeline, or a collective no peer joined).")
+    return Verdict(stuck, "\n".join(lines))
+
+
+class Board:
+    """Heartbeats of every worker: files in `directory`, or in memory without one."""
+
+    def __init__(self, directory: str | None, worker: int) -> None:
+        self.directory, self.worker = directory, worker
+        self._memory: dict[int, Report] = {}
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory or "", name)
+
+    def publish(self, report: Report) -> None:
+        if self.directory is None:
+            self._memory[report.worker] = report
+            return
+        _write_atomic(self._path(f"heartbeat-{report.worker}.json"),
+                      json.dumps(dataclasses.asdict(report)))
+
+    def read(self, num_workers: int, since: float) -> dict[int, Report | None]:
+        """Each worker's latest report; `None` if absent or written before `since`."""
+        if self.directory is None:
+            return {w: self._memory.get(w) for w in range(num_workers)}
+        reports: dict[int, Report | None] = {}
+        for worker in range(num_workers):
+            try:
+                with open(self._path(f"heartbeat-{worker}.json")) as f:
+                    report = Report(**json.load(f))
+            except (OSError, ValueError, TypeError):
+                report = None
+            reports[worker] = report if report is None or report.written_at >= since else None
+        return reports
+
+    def claim(self, message: str) -> str:
+        """Records the stall once for the job; returns the message recorded first."""
+        if self.directory is None:
+            return message
+        tmp = self._path(f".stall-{self.worker}.tmp")
+        _write_atomic(tmp, message)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, self._path("stall.txt"))
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return self.stall() or message
+
+    def stall(self) -> str | None:
+        """The job's stall message, if a worker recorded one."""
+        if self.directory is None:
+            return None
+        try:
+            with open(self._path("stall.txt")) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def dumped(self, num_workers: int, wait_s: float) -> None:
+        """Marks this worker's stacks as printed; waits (up to `wait_s`) for the others'."""
+        if self.directory is None:
+            return
+        _write_atomic(self._path(f"dumped-{self.worker}"), "")
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not all(
+                os.path.exists(self._path(f"dumped-{w}")) for w in range(num_workers)):
+            time.sleep(0.1)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,256 @@
+"""`StallWatchdog`: turns a hang in a multi-worker job into an error with stacks.
+
+Progress is what the training thread reports: batch and epoch ends, evaluation
+begin and end (the hooks below), and `note_progress()`, which any module may
+call (a collective entered or left). TensorFlow tracing a function and a save
+in progress (seen on the training thread's stack) pause the clock, and so does
+code inside `paused(what)`.
+
+The workers that are not stuck are usually blocked in a collective, waiting for
+the stuck one, so they cannot ask it anything over TensorFlow. Each worker's
+watchdog thread therefore publishes a heartbeat out of band, a small JSON file
+(its idle time, progress count, and where its training thread is) in a folder
+every worker reads: `directory`, or the job folder `kmp-launch` gives its
+workers (`KMP_JOB_DIR`). A file, not a socket to the chief, because the chief may
+be the stuck one, and a folder needs no ports, no server thread and no retry
+logic. Without a folder each worker judges only itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import CodeType
+from typing import Any
+
+import keras
+
+from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins.callbacks import _stall
+
+#: Exit code of a worker that the watchdog stops (sysexits' EX_SOFTWARE).
+STALL_EXIT_CODE = 70
+#: Environment variable naming a folder shared by every worker of a job.
+JOB_DIR_ENV = "KMP_JOB_DIR"
+
+
+class _Clock:
+    """This process's progress: last time, count, and how many `paused` blocks are open."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.count = 0
+        self.paused: list[str] = []
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+
+_clock = _Clock()
+
+
+def note_progress() -> None:
+    """Records progress of this worker (cheap: two assignments, no lock)."""
+    _clock.last = time.monotonic()
+    _clock.count += 1
+
+
+@contextlib.contextmanager
+def paused(what: str) -> Iterator[None]:
+    """Pauses this worker's stall clock while the block runs (a long write, a download)."""
+    _clock.paused.append(what)
+    try:
+        yield
+    finally:
+        _clock.paused.remove(what)
+        note_progress()
+
+
+class StallWatchdog(keras.callbacks.Callback):
+    """Fails the job, with every worker's Python stacks, when training stops progressing.
+
+    A thread on each worker watches progress: batches, epoch ends, evaluations.
+    When no worker has progressed for `timeout` seconds, every worker prints an
+    explanation naming the stuck worker and where it is stuck (workers inside a
+    TensorFlow op are taken as waiting for it in a collective), then the Python
+    stacks of all its threads, and exits with code `STALL_EXIT_CODE` (70): under
+    `kmp-launch` the launcher then stops the job and reports the stall; under
+    another scheduler the non-zero exit marks the job failed. First-step
+    tracing and checkpoint writes pause the clock; evaluation batches count as
+    progress. `kmp-launch --stall-timeout SECONDS` adds one to every `fit`.
+
+    Args:
+        timeout: Seconds without progress on any worker before the job fails.
+            Choose it above your slowest step (and evaluation batch).
+        directory: A folder every worker can read and write, for the
+            heartbeats (a shared file system across hosts). Default: the job
+            folder of `kmp-launch` (`KMP_JOB_DIR`); without one each worker
+            judges only its own progress.
+
+    Raises:
+        ValueError: For a `timeout` that is not a positive number of seconds.
+        TypeError: For a `directory` that is not a string.
+        SettingsDifferError: At train begin, on every worker, if `timeout`
+            differs between workers.
+
+    Example:
+        >>> import keras_mgpu_plugins as kmp
+        >>> watchdog = kmp.callbacks.StallWatchdog(timeout=600)
+        >>> # model.fit(x, y, callbacks=[watchdog])
+    """
+
+    def __init__(self, timeout: float = 600, directory: str | None = None) -> None:
+        super().__init__()
+        if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout) or timeout <= 0):
+            raise ValueError("timeout must be a positive number of seconds. "
+                             f"Received: timeout={timeout!r}")
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path or None. Received: directory={directory!r}")
+        self.timeout = float(timeout)
+        self.directory = None if directory is None else os.fspath(directory)
+        self.poll_interval = min(1.0, self.timeout / 10)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        compat.set_async_safe(self, True)  # the batch hooks only assign two numbers
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        collective.same_settings({"timeout": self.timeout}, type(self).__name__,
+                                 self.model.distribute_strategy)
+        note_progress()
+        self._start()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        note_progress()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        note_progress()
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        note_progress()
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        note_progress()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        note_progress()
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        note_progress()
+
+    def _start(self) -> None:
+        self.on_train_end()  # a previous fit's thread, if fit raised before its end
+        self._stop = threading.Event()
+        directory = self.directory
+        if directory is None and os.environ.get(JOB_DIR_ENV):
+            directory = os.path.join(os.environ[JOB_DIR_ENV], "stall_watchdog")
+        watch = _Watch(self.timeout, self.poll_interval, directory, self._stop)
+        self._thread = threading.Thread(target=watch.run, name="kmp-stall-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+
+class _Watch:
+    """The watchdog thread's loop, for the fit that started it."""
+
+    def __init__(self, timeout: float, interval: float, directory: str | None,
+                 stop: threading.Event) -> None:
+        self.timeout, self.interval, self.stop = timeout, interval, stop
+        self.worker, self.num_workers = collective.worker_index(), collective.num_workers()
+        self.board = _stall.Board(directory, self.worker)
+        self.training_thread = threading.get_ident()
+        self.fit_code = _fit_code(sys._getframe())
+        self.started = time.time()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            frame = sys._current_frames().get(self.training_thread)
+            if frame is None or not _on_stack(self.fit_code, frame):
+                break  # fit ended without on_train_end (it raised): nothing to watch
+            self.board.publish(self._report(frame))
+            message = self.board.stall()
+            if message is None:
+                verdict = _stall.decide(
+                    self.board.read(self.num_workers, since=self.started - 5.0),
+                    self.num_workers, self.timeout, time.time(), time.time() - self.started)
+                if verdict is None:
+                    continue
+                message = self.board.claim(verdict.message)
+            self._fail(message)
+        self.board.publish(_stall.Report(self.worker, 0.0, time.time(), _clock.count,
+                                         "finished", False, "finished"))
+
+    def _report(self, frame: Any) -> _stall.Report:
+        busy, inside_tf, where = _stall.locate(frame)
+        busy = busy or ", ".join(_clock.paused)
+        if busy:
+            _clock.touch()
+            where = f"{where} ({busy})"
+        return _stall.Report(self.worker, time.monotonic() - _clock.last, time.time(),
+                             _clock.count, "busy" if busy else "running", inside_tf, where)
+
+    def _fail(self, message: str) -> None:
+        prefix = "" if os.environ.get("KMP_LAUNCH_WORKER") else f"[worker {self.worker}] "
+        text = (f"{message}\nStallWatchdog: Python stacks of worker {self.worker} "
+                f"of {self.num_workers} (all threads):\n{_stall.format_stacks()}")
+        with contextlib.suppress(Exception):
+            sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
+            sys.stderr.flush()
+            sys.stdout.flush()
+        self.board.dumped(self.num_workers, wait_s=max(10.0, 3 * self.interval))
+        os._exit(STALL_EXIT_CODE)
+
+
+def _fit_code(frame: Any) -> CodeType | None:
+    """The code of the `fit` call that is running on this thread, if one is."""
+    while frame is not None:
+        if frame.f_code.co_name == "fit":
+            return frame.f_code
+        frame = frame.f_back
+    return None
+
+
+def _on_stack(code: CodeType | None, frame: Any) -> bool:
+    if code is None:
+        return True
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def add_to_every_fit(timeout: float) -> None:
+    """Makes every `keras.Model.fit` in this process run with `StallWatchdog(timeout)`.
+
+    Used by `kmp-launch --stall-timeout`; a `fit` given a watchdog of its own keeps it.
+    """
+    StallWatchdog(timeout)  # checks the value now
+    original = keras.Model.fit
+    if getattr(original, "_kmp_stall_timeout", None) is not None:
+        original = original.__wrapped__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        callbacks = list(bound.arguments.get("callbacks") or [])
+        if not any(isinstance(c, StallWatchdog) for c in callbacks):
+            bound.arguments["callbacks"] = [*callbacks, StallWatchdog(timeout)]
+        return original(*bound.args, **bound.kwargs)
+
+    fit._kmp_stall_timeout = timeout  # type: ignore[attr-defined]
+    keras.Model.fit = fit

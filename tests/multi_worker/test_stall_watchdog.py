@@ -1,0 +1,129 @@
+"""`kmp.callbacks.StallWatchdog` with 2 real workers.
+
+A hang on one worker (worker 1 sleeps forever in `on_epoch_end` of its second
+epoch) ends the job with both workers' stacks and a verdict naming worker 1;
+a slow but progressing fit (first-step tracing slower than the timeout on a
+busy machine, evaluation) runs to its end; differing timeouts raise on both.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(300)]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+HANG_SCRIPT = """
+import os, time
+import numpy as np
+import keras
+import keras_mgpu_plugins as kmp
+
+index = int(os.environ["KMP_WORKER_INDEX"])
+
+def sleep_forever_in_epoch_end():
+    print(f"HANG at {time.time():.3f}", flush=True)
+    while True:
+        time.sleep(1)
+
+class HangOnWorker1(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if index == 1 and epoch == 1:
+            sleep_forever_in_epoch_end()
+
+@kmp.parallelize
+def build():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+x = np.ones((64, 4), "float32")
+build().fit(x, x[:, :1], batch_size=16, epochs=5, verbose=0, callbacks=[HangOnWorker1()])
+print("fit returned", flush=True)
+"""
+
+
+def test_a_hang_on_worker_1_fails_the_job_with_both_stacks(tmp_path):
+    """`kmp-launch --stall-timeout 20` gives every fit `StallWatchdog(timeout=20)`."""
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent(HANG_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2", "--timeout", "240",
+         "--stall-timeout", "20", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    ended = time.time()
+    out = done.stdout + done.stderr
+    assert done.returncode == 70, out[-3000:]
+    assert "fit returned" not in out
+    hang = float(re.search(r"\[worker 1\] HANG at ([\d.]+)", out).group(1))
+    assert ended - hang < 60, (ended - hang, out[-3000:])  # 20 s timeout, then the stop
+    for worker in (0, 1):
+        assert (f"[worker {worker}] StallWatchdog: no worker made progress for 20 seconds "
+                "(timeout=20); stuck: worker 1\n") in out
+        assert f"[worker {worker}] StallWatchdog: Python stacks of worker {worker} of 2" in out
+        assert re.search(rf"\[worker {worker}\] Thread 0x[0-9a-f]+ \(MainThread\)", out)
+    assert re.search(r"\[worker 1\]   File \".*hang.py\", line \d+ in sleep_forever_in_epoch_end",
+                     out)
+    assert re.search(r"\[worker 0\]   worker 0: waiting inside TensorFlow at .*called from "
+                     r"<module> \(.*hang.py:\d+\)", out)
+    assert re.search(r"\[worker 0\]   worker 1: stuck in sleep_forever_in_epoch_end "
+                     r"\(.*hang.py:\d+\)", out)
+    assert re.search(r"\[worker 0\]   File \".*hang.py\", line \d+ in <module>", out)
+    assert ("kmp-launch: worker 0 of 2 was stopped by StallWatchdog (exit code 70)" in out
+            or "kmp-launch: worker 1 of 2 was stopped by StallWatchdog (exit code 70)" in out)
+
+
+def fit_then_differ():
+    import keras
+    import numpy as np
+
+    from keras_mgpu_plugins.callbacks import _stall
+    from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    rank = kmp.topology().worker_index
+    x = np.ones((64, 4), "float32")
+    model = build()
+    started = time.monotonic()
+    history = model.fit(x, x[:, :1], batch_size=16, epochs=3, verbose=0,
+                        validation_data=(x, x[:, :1]), callbacks=[StallWatchdog(timeout=3)])
+    first_fit_s = time.monotonic() - started
+    board = _stall.Board(os.path.join(os.environ["KMP_JOB_DIR"], "stall_watchdog"), rank)
+    states = [r.state for r in board.read(2, since=0).values()]
+    try:
+        model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[StallWatchdog(timeout=10 + rank)])
+        differing = None
+    except Exception as err:  # noqa: BLE001 - the message is the result
+        differing = f"{type(err).__name__}: {err}"
+    return {"epochs": len(history.history["loss"]), "first_fit_s": first_fit_s,
+            "states": states, "differing": differing}
+
+
+def test_progressing_fit_finishes_and_differing_timeouts_raise_on_both():
+    results = kmp.launch(fit_then_differ, num_workers=2, timeout=240)
+    for rank, r in enumerate(results):
+        assert r["epochs"] == 3 and r["states"] == ["finished", "finished"], r
+        assert r["differing"] == (
+            "SettingsDifferError: StallWatchdog must be created with the same arguments on "
+            "every worker: they decide where it runs collective operations, and a worker that "
+            "runs fewer would leave the others waiting. Differing: timeout (here "
+            f"{10.0 + rank!r}; differs from the chief's on worker(s) 1).")
+    print("first fit took", [r["first_fit_s"] for r in results], "s with timeout=3")

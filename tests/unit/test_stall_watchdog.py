@@ -1,0 +1,163 @@
+"""StallWatchdog's pure parts (verdict, stack reading, heartbeats) and arguments."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+
+from keras_mgpu_plugins.callbacks import _stall
+from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "10", None, True])
+def test_bad_timeout_is_named(timeout):
+    with pytest.raises(ValueError, match=r"timeout must be a positive number.*Received: timeout="):
+        StallWatchdog(timeout=timeout)
+
+
+def test_bad_directory_is_named():
+    with pytest.raises(TypeError, match="Received: directory=3"):
+        StallWatchdog(timeout=5, directory=3)
+
+
+def test_defaults():
+    watchdog = StallWatchdog()
+    assert watchdog.timeout == 600.0 and watchdog.directory is None
+    assert watchdog.poll_interval == 1.0 and StallWatchdog(timeout=2).poll_interval == 0.2
+
+
+def _report(worker, idle, inside_tf=True, progress=10, state="running", where="somewhere"):
+    return _stall.Report(worker, idle, 1000.0, progress, state, inside_tf, where)
+
+
+def test_no_stall_while_one_worker_progresses():
+    reports = {0: _report(0, 30), 1: _report(1, 3, inside_tf=False)}
+    assert _stall.decide(reports, 2, 20, now=1000.0, unreported_idle=0) is None
+
+
+def test_stale_heartbeat_counts_as_idle():
+    reports = {0: _report(0, 30), 1: _report(1, 3, inside_tf=False)}
+    verdict = _stall.decide(reports, 2, 20, now=1018.0, unreported_idle=0)
+    assert verdict is not None and verdict.stuck == (1,)
+
+
+def test_stuck_is_the_worker_outside_tensorflow():
+    reports = {0: _report(0, 25, where="inside TensorFlow at all_reduce"),
+               1: _report(1, 21, inside_tf=False, where="in sleep_forever (x/train.py:9)")}
+    verdict = _stall.decide(reports, 2, 20, now=1000.0, unreported_idle=0)
+    assert verdict.stuck == (1,)
+    assert "stuck: worker 1\n" in verdict.message
+    assert "worker 0: waiting inside TensorFlow at all_reduce" in verdict.message
+    assert "worker 1: stuck in sleep_forever (x/train.py:9)" in verdict.message
+
+
+def test_all_inside_tensorflow_names_the_least_progress():
+    reports = {0: _report(0, 25, progress=12), 1: _report(1, 22, progress=9),
+               2: _report(2, 30, progress=12)}
+    verdict = _stall.decide(reports, 3, 20, now=1000.0, unreported_idle=0)
+    assert verdict.stuck == (1,) and "least progress" in verdict.message
+
+
+def test_busy_worker_pauses_everyone_and_finished_ones_do_not_count():
+    busy = {0: _report(0, 99), 1: _report(1, 99, state="busy")}
+    assert _stall.decide(busy, 2, 20, now=1000.0, unreported_idle=99) is None
+    finished = {0: _report(0, 99, inside_tf=False), 1: _report(1, 0, state="finished")}
+    assert _stall.decide(finished, 2, 20, now=1000.0, unreported_idle=99).stuck == (0,)
+
+
+def test_unreported_worker_is_stuck_once_the_judge_waited_timeout():
+    reports = {0: _report(0, 50), 1: None}
+    assert _stall.decide(reports, 2, 20, now=1000.0, unreported_idle=10) is None
+    verdict = _stall.decide(reports, 2, 20, now=1000.0, unreported_idle=25)
+    assert verdict.stuck == (1,) and "worker 1: stuck: it never reported" in verdict.message
+
+
+def sleeping_in_user_code(started: threading.Event, stop: threading.Event) -> None:
+    started.set()
+    stop.wait()
+
+
+def test_locate_and_format_stacks_on_a_real_thread():
+    started, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=sleeping_in_user_code, args=(started, stop),
+                              name="sleeper")
+    thread.start()
+    try:
+        started.wait()
+        time.sleep(0.05)
+        busy, inside_tf, where = _stall.locate(sys._current_frames()[thread.ident])
+        stacks = _stall.format_stacks(prefix="[worker 3] ")
+    finally:
+        stop.set()
+        thread.join()
+    assert (busy, inside_tf) == ("", False)
+    assert where.startswith("in sleeping_in_user_code (unit/test_stall_watchdog.py:")
+    assert "(sleeper), most recent call first:" in stacks
+    assert all(line.startswith("[worker 3] ") for line in stacks.splitlines())
+    assert "in sleeping_in_user_code" in stacks and "in test_locate_and_format" in stacks
+
+
+def test_board_files_round_trip_and_claim_once(tmp_path):
+    first, second = _stall.Board(str(tmp_path), 0), _stall.Board(str(tmp_path), 1)
+    first.publish(_stall.Report(0, 1.5, time.time(), 7, "running", True, "here"))
+    reports = second.read(2, since=time.time() - 60)
+    assert reports[0].progress == 7 and reports[0].where == "here" and reports[1] is None
+    assert second.read(2, since=time.time() + 60)[0] is None  # from an earlier fit
+    assert second.stall() is None
+    assert second.claim("worker 1 says") == "worker 1 says"
+    assert first.claim("worker 0 says") == "worker 1 says" == first.stall()
+
+
+def _tiny_fit(callbacks, **kwargs):
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((8, 2), "float32")
+    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, callbacks=callbacks,
+              validation_data=(x, x[:, :1]), **kwargs)
+    return model
+
+
+def test_fit_publishes_heartbeats_and_stops_its_thread(tmp_path):
+    watchdog = StallWatchdog(timeout=0.5, directory=str(tmp_path))  # polls every 0.05 s
+    before = threading.active_count()
+    _tiny_fit([watchdog])  # first-step tracing takes longer than 0.5 s: the clock pauses
+    assert watchdog._thread is None and threading.active_count() == before
+    report = _stall.Board(str(tmp_path), 1).read(1, since=0)[0]
+    assert report.state == "finished" and report.progress >= 2 * 2 + 2 * 2
+    assert not (tmp_path / "stall.txt").exists()
+
+
+def test_add_to_every_fit_adds_one_watchdog(monkeypatch):
+    import keras
+
+    from keras_mgpu_plugins.callbacks import stall_watchdog
+
+    monkeypatch.setattr(keras.Model, "fit", keras.Model.fit)
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen.append([type(c).__name__ for c in self.model._kmp_spy_callbacks])
+
+    original = keras.callbacks.CallbackList.__init__
+
+    def record(self, callbacks=None, *args, **kwargs):
+        original(self, callbacks, *args, **kwargs)
+        if self.model is not None:
+            self.model._kmp_spy_callbacks = list(self.callbacks)
+
+    monkeypatch.setattr(keras.callbacks.CallbackList, "__init__", record)
+    stall_watchdog.add_to_every_fit(30)
+    stall_watchdog.add_to_every_fit(30)  # twice: still one
+    _tiny_fit([Spy()])
+    own = StallWatchdog(timeout=40)
+    _tiny_fit([Spy(), own])
+    assert seen[0].count("StallWatchdog") == 1 and seen[1].count("StallWatchdog") == 1
+    with pytest.raises(ValueError, match="Received: timeout=0"):
+        stall_watchdog.add_to_every_fit(0)
