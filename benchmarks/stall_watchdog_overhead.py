@@ -1,7 +1,8 @@
 """What `kmp.callbacks.StallWatchdog` costs per step, against the same fit without it.
 
 Trains one small model for `--steps` batches per `fit`, `--repeats` times with and
-without `StallWatchdog(timeout=600)`, interleaved so drifts of a shared machine
+without `StallWatchdog(timeout=600)` (and with a callback whose batch-end hook
+does nothing: the cost of any batch hook), interleaved so drifts of a shared machine
 hit both alike, and prints the median wall time per step of each, their ratio,
 and the cost of the watchdog's batch hook alone (two assignments, measured with
 `timeit`). Its thread wakes once a second, off the training thread.
@@ -42,11 +43,16 @@ def main() -> None:
     model.compile("adam", "mse")
     model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0)  # trace before timing
     folder = tempfile.mkdtemp(prefix="kmp-stall-bench-")
-    setups = {"none": lambda: [],
+    class BatchEndNoOp(keras.callbacks.Callback):  # what any batch-end hook costs
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    setups = {"none": lambda: [], "noop_hook": lambda: [BatchEndNoOp()],
               "watchdog": lambda: [StallWatchdog(timeout=600, directory=folder)]}
     per_step: dict[str, list[float]] = {name: [] for name in setups}
     for repeat in range(args.repeats):
-        for name in (list(setups) if repeat % 2 == 0 else list(setups)[::-1]):
+        names = list(setups)
+        for name in names[repeat % 3:] + names[:repeat % 3]:
             start = time.perf_counter()
             model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
                       callbacks=setups[name]())
@@ -57,7 +63,9 @@ def main() -> None:
           f"batch {args.batch}, Dense({args.units})")
     for name, median in medians.items():
         print(f"{name:>9}: {median * 1e3:.3f} ms/step (median)")
-    print(f"ratio watchdog/none: {medians['watchdog'] / medians['none']:.3f}")
+    print(f"ratio watchdog/none: {medians['watchdog'] / medians['none']:.3f}, "
+          f"noop_hook/none: {medians['noop_hook'] / medians['none']:.3f}, "
+          f"watchdog/noop_hook: {medians['watchdog'] / medians['noop_hook']:.3f}")
     print(f"batch hook alone: {hook * 1e9:.0f} ns "
           f"({hook / medians['none'] * 100:.4f}% of a step)")
 
