@@ -95,7 +95,7 @@ def _report(a, b, *, c):
 
 
 def _payload_folder():
-    spec_path = sys.argv[1]  # the bootstrap's: python -m keras_mgpu_plugins._worker SPEC INDEX
+    spec_path = sys.argv[1]  # the bootstrap's: python -m keras_mgpu_plugins.launch._worker SPEC INDEX
     folder = os.path.dirname(spec_path)
     return folder, os.stat(folder).st_mode & 0o777, sorted(os.listdir(folder))
 
@@ -163,7 +163,7 @@ def test_results_come_back_in_worker_order_from_fresh_processes():
     pids = [r["pid"] for r in results]
     assert len(set(pids)) == 3 and os.getpid() not in pids
     assert [r["ppid"] for r in results] == [os.getpid()] * 3
-    assert [r["main"] for r in results] == ["keras_mgpu_plugins._worker"] * 3  # not a fork
+    assert [r["main"] for r in results] == ["keras_mgpu_plugins.launch._worker"] * 3  # not a fork
 
 
 def test_lambda_closure_and_module_function_run():
@@ -311,7 +311,7 @@ def test_no_orphans_remain_after_a_failure(tmp_path):
 
 
 def test_unpicklable_fn_fails_before_any_process_starts(monkeypatch):
-    supervisor_module = importlib.import_module("keras_mgpu_plugins._supervisor")
+    supervisor_module = importlib.import_module("keras_mgpu_plugins.launch._supervisor")
 
     def no_process(*args, **kwargs):
         raise AssertionError("a worker process was started")

@@ -9,7 +9,7 @@ import pytest
 import keras_mgpu_plugins as kmp
 
 launch_module = importlib.import_module("keras_mgpu_plugins.launch")
-supervisor_module = importlib.import_module("keras_mgpu_plugins._supervisor")
+supervisor_module = importlib.import_module("keras_mgpu_plugins.launch._supervisor")
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +100,7 @@ def test_ctrl_c_while_workers_run_sets_an_event_instead_of_raising_anywhere():
     import os
     import signal
 
-    from keras_mgpu_plugins import _supervisor
+    from keras_mgpu_plugins.launch import _supervisor
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with _supervisor._deferred_interrupt() as interrupted:
@@ -114,7 +114,7 @@ def test_ctrl_c_while_workers_run_sets_an_event_instead_of_raising_anywhere():
 def test_a_sigint_handler_of_the_callers_own_is_left_alone():
     import signal
 
-    from keras_mgpu_plugins import _supervisor
+    from keras_mgpu_plugins.launch import _supervisor
 
     def mine(signum, frame):
         pass

@@ -1,6 +1,6 @@
 """Bootstrap of one `kmp.launch` / `kmp-launch` worker process.
 
-Started by the launcher as ``python -m keras_mgpu_plugins._worker SPEC INDEX``,
+Started by the launcher as ``python -m keras_mgpu_plugins.launch._worker SPEC INDEX``,
 in its own session, with `TF_CONFIG` already in its environment. In order, it:
 
 1. watches its parent and, if the parent dies, kills its own process group
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs one worker. Returns its exit code."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or not argv[1].isdigit():
-        print(f"usage: python -m keras_mgpu_plugins._worker SPEC INDEX. Received: {argv}",
+        print(f"usage: python -m keras_mgpu_plugins.launch._worker SPEC INDEX. Received: {argv}",
               file=sys.stderr)
         return 2
     spec_path, index = argv[0], int(argv[1])

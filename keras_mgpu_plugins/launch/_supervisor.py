@@ -1,6 +1,6 @@
 """Process handling behind `kmp.launch` and `kmp-launch`.
 
-Starts the workers (fresh interpreters running `keras_mgpu_plugins._worker`, each
+Starts the workers (fresh interpreters running `keras_mgpu_plugins.launch._worker`, each
 in its own session with its `TF_CONFIG`), relays their output line by line with
 a `[worker i] ` prefix, waits for them, stops every process group, and turns the
 first failure into a `WorkerFailedError`. Pickled payloads travel through a
@@ -26,8 +26,8 @@ import uuid
 import warnings
 from typing import Any
 
-from keras_mgpu_plugins import _worker
-from keras_mgpu_plugins._launch_errors import (
+from keras_mgpu_plugins.launch import _worker
+from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
     WorkerFailedError,
@@ -108,7 +108,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     spec.update(parent_pid=os.getpid(), num_workers=num_workers, pythonpath=pythonpath)
     with open(spec_path, "wb") as f:
         pickle.dump(spec, f)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # One id per job, shared by every worker (e.g. a W&B group); kept if already set.
     job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
     job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
@@ -120,7 +120,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     for index in range(num_workers):
         tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "keras_mgpu_plugins._worker", spec_path, str(index)],
+            [sys.executable, "-m", "keras_mgpu_plugins.launch._worker", spec_path, str(index)],
             env={**environ, "TF_CONFIG": json.dumps(tf_config), "KMP_WORKER_INDEX": str(index)},
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,

@@ -10,7 +10,9 @@ The run fails fast: when a worker raises, exits non-zero or dies, every other
 worker, and anything the workers started, is stopped within seconds and the
 first failure is raised with the worker's remote traceback. Workers also stop
 when the launcher itself dies. POSIX only (process groups). The processes are
-handled in `_supervisor`, the worker side in `_worker`.
+handled in `launch._supervisor`, the worker side in `launch._worker`, the
+exceptions live in `launch._errors`; `python -m keras_mgpu_plugins.launch`
+runs `main` (`launch/__main__.py`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from keras_mgpu_plugins._launch_errors import (
+from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
     NotPicklableError,
     WorkerFailedError,
 )
-from keras_mgpu_plugins._supervisor import run as _run
 
 #: Variables the launcher sets in each worker; `env` may not override them.
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
@@ -93,6 +94,15 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     spec = {"mode": "function", "sys_path": list(sys.path),
             "create_strategy": bool(create_strategy)}
     return _run(spec, num_workers, timeout, environ, payload)
+
+
+def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
+         payload: bytes | None = None) -> list[Any]:
+    # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
+    # this package first, and must not have imported its own module already.
+    from keras_mgpu_plugins.launch._supervisor import run
+
+    return run(spec, num_workers, timeout, environ, payload)
 
 
 # `kmp.launch` may be this function or, once this module was imported by name,
@@ -303,6 +313,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

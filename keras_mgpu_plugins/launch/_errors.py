@@ -1,8 +1,8 @@
 """Exceptions of `kmp.launch` and `kmp-launch`, and how a worker's exit is named.
 
 Their public home is `keras_mgpu_plugins.launch`, which re-exports them; they live
-here so that the process supervision (`_supervisor`) can raise them without
-importing the launcher.
+here so that the process supervision (`_supervisor`) and the worker bootstrap can
+import them without the launcher's code.
 """
 
 from __future__ import annotations
