@@ -376,7 +376,8 @@ def move_variable(variable: Any, device: str) -> None:
         return
     with tf.device(device):
         variable._value = tf.Variable(
-            old.read_value(), dtype=old.dtype, trainable=old.trainable, name=variable.name,
+            old.read_value(), dtype=old.dtype, trainable=old.trainable,
+            name=old.name.rsplit(":", 1)[0],
             aggregation=old.aggregation, synchronization=old.synchronization,
         )
 

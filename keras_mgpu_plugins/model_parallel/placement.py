@@ -6,8 +6,10 @@ Three sources of a call node's device, in this order:
    (recorded by `recording()`, which wraps `keras.layers.Layer.__call__` while the factory
    runs and reads TensorFlow's current device);
 2. `devices` given as a mapping: the first layer-name pattern (`fnmatch`) matching the layer;
-3. automatic: the remaining calls, in execution order, split into contiguous stages over the
-   devices, balanced by the memory each needs (`balance.split_contiguous` over `costs`).
+3. automatic: when no call was placed by 1 or 2, all calls, in execution order, split into
+   contiguous stages over the devices, balanced by the memory each needs
+   (`balance.split_contiguous` over `costs`); when some were, each remaining call runs where
+   its first input was made (the model's inputs: the first device), adding no transfer.
 
 `apply()` then (a) re-creates each layer's variables on the device of its first call (same
 names and paths: checkpoints do not change), (b) makes the model's graph run every node under
@@ -116,12 +118,25 @@ def plan(model: Any, scopes: dict[int, str], devices: Any, micro_batches: int,
     if mapping:
         _check_patterns(mapping, [c.layer.name for c in calls])
     auto = [c for c in calls if c.how == "auto"]
-    if auto:
+    if auto and len(auto) == len(calls):
         estimate = _costs.Estimator(model)
         stages = split_contiguous([estimate.call_bytes(c) for c in auto], len(stage_devices))
         for call, stage in zip(auto, stages, strict=True):
             call.device = stage_devices[stage]
+    elif auto:
+        _follow_producers(calls, stage_devices[0])
     return Plan(calls, list(dict.fromkeys(c.device for c in calls)), micro_batches)
+
+
+def _follow_producers(calls: list[Call], default: str) -> None:
+    """Mixed placement: an unplaced call runs where its first input was made (no new hop)."""
+    where = {id(c.node): c.device for c in calls if c.how != "auto"}
+    for call in calls:
+        if call.how == "auto":
+            inputs = [private.node_of(t) for t in call.node.input_tensors]
+            made = [where.get(id(n)) for n in inputs if n is not None]
+            call.device = next((d for d in made if d), default)
+            where[id(call.node)] = call.device
 
 
 def _match(name: str, mapping: Mapping[str, str]) -> str | None:

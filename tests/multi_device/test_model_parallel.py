@@ -99,6 +99,9 @@ def test_same_weights_as_unplaced_and_predict_placed():
     plain = mlp()
     placed = kmp.parallelize(strategy="model_parallel", devices=["/cpu:1", "/cpu:0"])(mlp)()
     placed.set_weights(plain.get_weights())
+    # placement renames nothing: same Keras paths and same tf.Variable names
+    assert [(v.path, v.value.name) for v in placed.weights] == [
+        (v.path, v.value.name) for v in plain.weights]
     plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     placed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
