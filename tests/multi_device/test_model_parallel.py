@@ -224,3 +224,55 @@ def test_several_workers_refused(monkeypatch):
                                                                         "index": 0}}))
     with pytest.raises(ValueError, match="2 workers.*hybrid.*not available yet"):
         kmp.parallelize(strategy="model_parallel")
+
+
+class TwoTower(keras.Model):
+    """Subclassed: its layers by name, and a tf.device of its own inside call."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder_a = keras.layers.Dense(8, activation="tanh", name="encoder_a")
+        self.probe_a = Probe(name="probe_a")
+        self.encoder_b = keras.layers.Dense(8, activation="tanh", name="encoder_b")
+        self.probe_b = Probe(name="probe_b")
+        self.head = keras.layers.Dense(1, name="head")
+        self.own = Probe(name="own")
+
+    def call(self, x):
+        a = self.probe_a(self.encoder_a(x))
+        b = self.probe_b(self.encoder_b(x))
+        with tf.device("/cpu:1"):  # the user's own scope keeps working
+            merged = self.own(a + b)
+        return self.head(merged)
+
+
+def two_tower():
+    keras.utils.set_random_seed(3)
+    model = TwoTower()
+    model(np.zeros((1, 6), "float32"))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def test_subclassed_placed_by_layer_name_patterns():
+    x, y = data()
+    plain = two_tower()
+    placed = kmp.parallelize(strategy="model_parallel",
+                             devices={"encoder_a": "/cpu:1", "*_b": "/cpu:0", "head": "/cpu:0"}
+                             )(two_tower)()
+    placed.set_weights(plain.get_weights())
+    assert short(placed.encoder_a.kernel.value.device) == "CPU:1"
+    assert short(placed.encoder_b.kernel.value.device) == "CPU:0"
+    SEEN.clear()
+    placed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    # probe_a matches no pattern: it runs where its caller's scope is (none: TF's choice)
+    seen = dict(SEEN)
+    assert seen["probe_b"] == D0 and seen["own"] == D1
+    plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    report = kmp.placement_report(placed)
+    assert {r.device: r.layers for r in report.rows} == {
+        D1: ("encoder_a",), D0: ("encoder_b", "probe_b", "head")}
+    with pytest.raises(ValueError, match="subclassed model. Pass devices as a mapping"):
+        kmp.parallelize(strategy="model_parallel")(two_tower)()
