@@ -60,9 +60,8 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         )
     plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
     placement.apply(model, plan)
-    _place_optimizer_slots(model)
-    if model.compiled:
-        model.jit_compile = False  # one XLA cluster would ignore the device placement
+    _after_compile(model)
+    _keep_after_compile(model)
     loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None
     pipeline.install_train_step(model, micro_batches or 1, loss_device)
     for attribute in ("train_function", "test_function", "predict_function"):
@@ -70,6 +69,25 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
     PLANS[model] = plan
     _print_report_on_first_fit(model)
     return model
+
+
+def _after_compile(model: Any) -> None:
+    """What a compile must be followed by: slots beside their variable, no XLA."""
+    _place_optimizer_slots(model)
+    if getattr(model, "compiled", False):
+        model.jit_compile = False  # one XLA cluster would run on one device
+
+
+def _keep_after_compile(model: Any) -> None:
+    """A model compiled again (or first) after the factory keeps slots placed and XLA off."""
+    original = model.compile
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        _after_compile(model)
+        return result
+
+    model.compile = compile
 
 
 def _place_optimizer_slots(model: Any) -> None:

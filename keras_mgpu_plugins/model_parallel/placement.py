@@ -89,9 +89,16 @@ def recording() -> Iterator[dict[int, str]]:
 def plan(model: Any, scopes: dict[int, str], devices: Any, micro_batches: int,
          factory_name: str) -> Plan:
     """Every call's device: recorded scope, then pattern, then automatic stages."""
+    import keras
+
     private.require("model_parallel_graph")
     mapping = dict(devices) if isinstance(devices, Mapping) else None
     graph = private.graph_of(model)
+    if graph is None and isinstance(model, keras.Sequential):
+        raise ValueError(
+            f"The factory {factory_name} returned a Sequential model without a graph yet: start "
+            "it with keras.Input(shape), so its layers are called (and placed) in the factory."
+        )
     if graph is None:
         return _plan_subclassed(model, mapping, micro_batches)
     nodes = private.call_nodes(graph)

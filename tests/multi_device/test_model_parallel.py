@@ -206,6 +206,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"pattern 'decoder\*' matches no layer.*dense_0"):
         kmp.parallelize(strategy="model_parallel",
                         devices={"dense_*": "/cpu:0", "decoder*": "/cpu:1"})(mlp)()
+    with pytest.raises(ValueError, match="Sequential.*keras.Input"):
+        kmp.parallelize(strategy="model_parallel")(
+            lambda: keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)]))()
     outside = mlp()
     with pytest.raises(ValueError, match="not called inside it"):
         kmp.parallelize(strategy="model_parallel")(lambda: outside)()
@@ -276,3 +279,27 @@ def test_subclassed_placed_by_layer_name_patterns():
         D1: ("encoder_a",), D0: ("encoder_b", "probe_b", "head")}
     with pytest.raises(ValueError, match="subclassed model. Pass devices as a mapping"):
         kmp.parallelize(strategy="model_parallel")(two_tower)()
+
+
+def test_kmp_callbacks_and_a_compile_after_the_factory(tmp_path):
+    x, y = data()
+
+    model = kmp.parallelize(strategy="model_parallel")(mlp)()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+    assert model.jit_compile is False  # XLA would put the whole step on one device
+    csv = tmp_path / "metrics.csv"
+    callbacks = [
+        kmp.callbacks.ModelCheckpoint(str(tmp_path / "m-{epoch}.keras")),
+        kmp.callbacks.EarlyStopping(monitor="loss", patience=5),
+        kmp.callbacks.BackupAndRestore(str(tmp_path / "backup")),
+        kmp.callbacks.DeviceMetricsLogger(csv_path=str(csv), progbar="all", sample_interval=None),
+    ]
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+    for v in model.optimizer.variables:  # the new optimizer's slots beside their variable
+        if len(v.shape):
+            layer = v.path.split("/")[1].rsplit("_", 2)[0]
+            assert v.value.device == model.get_layer(layer).kernel.value.device, v.path
+    saved = keras.models.load_model(tmp_path / "m-2.keras")
+    for a, b in zip(saved.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(csv.read_text().splitlines()) == 3  # header and one row per epoch
