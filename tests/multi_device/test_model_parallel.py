@@ -62,6 +62,9 @@ def test_automatic_stages_hold_in_the_traced_train_step():
         assert op.device.endswith(stage[layer]), (op.name, op.device)
     for v in model.weights:
         assert short(v.value.device) == stage[v.path.split("/")[0]], v.path
+    SEEN.clear()
+    tf.function(lambda x: model(x))(tf.ones((2, 6)))  # a tf.function of the model: placed too
+    assert set(SEEN) == {("probe_0", D0), ("probe_1", D0), ("probe_2", D1), ("probe_3", D1)}
     slots = [v for v in model.optimizer.variables if len(v.shape)]
     assert len(slots) == 2 * len(model.trainable_weights)
     for v in slots:  # adam/dense_2_kernel_momentum beside dense_2/kernel
@@ -121,6 +124,20 @@ def test_micro_batches_same_weights_as_full_batch_and_refuses_a_remainder():
     for a, b in zip(full.get_weights(), piecewise.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(h1.history["loss"], h4.history["loss"], rtol=1e-5)
+    # stage 0's forward pass of every piece depends on no op of stage 1: TensorFlow may run
+    # stage 0 on piece j + 1 while stage 1 runs piece j
+    graph = TRACED[piecewise]
+    first_stage = [op for op in graph.get_operations() if op.type == "MatMul"
+                   and op.device.endswith("CPU:0") and "gradients" not in op.name]
+    assert len(first_stage) == 4 * 2  # 2 layers on stage 0, 4 pieces
+    for op in first_stage:
+        seen, todo = set(), [op]
+        while todo:
+            for source in [t.op for t in todo.pop().inputs] + list(op.control_inputs):
+                if source.name not in seen:
+                    seen.add(source.name)
+                    todo.append(source)
+                    assert not source.device.endswith("CPU:1"), (op.name, source.name)
     report = kmp.placement_report(piecewise)
     assert report.micro_batches == 4 and report.bubble_fraction == pytest.approx(1 / 5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="micro_batches=4 must divide"):
@@ -303,3 +320,21 @@ def test_kmp_callbacks_and_a_compile_after_the_factory(tmp_path):
     for a, b in zip(saved.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert len(csv.read_text().splitlines()) == 3  # header and one row per epoch
+
+
+def test_batch_normalization_with_micro_batches_uses_each_piece():
+    """As documented: each piece is normalised by its own statistics, moving stats updated M times."""
+
+    def bn_model():
+        inp = keras.Input((6,))
+        h = keras.layers.BatchNormalization(momentum=0.5, name="bn")(inp)
+        model = keras.Model(inp, keras.layers.Dense(1, name="out")(h))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    x, y = data(8)
+    model = kmp.parallelize(strategy="model_parallel", micro_batches=2)(bn_model)()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    once = 0.5 * 0 + 0.5 * x[:4].mean(axis=0)
+    np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(),
+                               0.5 * once + 0.5 * x[4:].mean(axis=0), atol=1e-5)
