@@ -110,11 +110,10 @@ def main(argv=None) -> dict:
     if args.case:
         print("CASE " + json.dumps(run_case(args.case, limit_mb, width, args.steps)))
         return {}
-    import tensorflow as tf  # only to ask for GPUs; the cases run in fresh processes
-
-    on_gpu = bool(tf.config.list_physical_devices("GPU"))
-    cases = ["unplaced", "placed"] if on_gpu else ["placed"]
-    results = {case: child(case, args, limit_mb) for case in cases}
+    placed = child("placed", args, limit_mb)  # it says whether there is a GPU
+    on_gpu = bool(placed.get("on_gpu"))
+    results = {"unplaced": child("unplaced", args, limit_mb)} if on_gpu else {}
+    results["placed"] = placed
     limit = limit_mb * 2**20
     need = DEPTH * (width * width + width) * 4 * 3
     print(f"\nMLP {DEPTH} x {width}: parameters + Adam slots {need / 2**20:.0f} MiB = "
