@@ -108,7 +108,7 @@ def plan(model: Any, scopes: dict[int, str], devices: Any, micro_batches: int,
             "it: model_parallel records each layer call's device while the factory runs, so "
             "build the model (create and call its layers) inside the decorated factory."
         )
-    stage_devices = (_devices.resolve(sorted(set(mapping.values()), key=str)) if mapping
+    stage_devices = (_devices.resolve(list(dict.fromkeys(mapping.values()))) if mapping
                      else _devices.resolve(devices))
     calls = []
     for node in nodes:

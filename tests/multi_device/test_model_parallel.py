@@ -338,3 +338,15 @@ def test_batch_normalization_with_micro_batches_uses_each_piece():
     once = 0.5 * 0 + 0.5 * x[:4].mean(axis=0)
     np.testing.assert_allclose(model.get_layer("bn").moving_mean.numpy(),
                                0.5 * once + 0.5 * x[4:].mean(axis=0), atol=1e-5)
+
+
+def test_functional_patterns_and_calls_that_follow_their_input():
+    model = kmp.parallelize(strategy="model_parallel",
+                            devices={"dense_0": "/cpu:0", "dense_2*": "cpu:1"})(mlp)(probes=True)
+    report = kmp.placement_report(model)
+    assert {r.device: r.layers for r in report.rows} == {
+        D0: ("dense_0", "probe_0", "dense_1", "probe_1"),
+        D1: ("dense_2", "probe_2", "dense_3", "probe_3", "head")}
+    SEEN.clear()
+    model.fit(*data(), batch_size=8, verbose=0)
+    assert dict(SEEN)["probe_1"] == D0 and dict(SEEN)["probe_2"] == D1
