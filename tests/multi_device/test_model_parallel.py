@@ -350,3 +350,18 @@ def test_functional_patterns_and_calls_that_follow_their_input():
     SEEN.clear()
     model.fit(*data(), batch_size=8, verbose=0)
     assert dict(SEEN)["probe_1"] == D0 and dict(SEEN)["probe_2"] == D1
+
+
+def test_stages_balance_memory_not_layer_counts():
+    def lopsided():
+        inp = keras.Input((64,))
+        h = keras.layers.Dense(256, name="big")(inp)  # 16.6k parameters: most of the model
+        for i in range(3):
+            h = keras.layers.Dense(4, name=f"small_{i}")(h)
+        model = keras.Model(inp, h)
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    report = kmp.placement_report(kmp.parallelize(strategy="model_parallel")(lopsided)())
+    assert [r.layers for r in report.rows] == [("big",), ("small_0", "small_1", "small_2")]
+    assert report.rows[0].parameter_bytes == (64 * 256 + 256) * 4
