@@ -16,10 +16,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from keras_mgpu_plugins import callbacks, collective, compat
     from keras_mgpu_plugins.devices import simulate_devices
     from keras_mgpu_plugins.launch import launch
+    from keras_mgpu_plugins.model_parallel import PlacementReport, placement_report
     from keras_mgpu_plugins.multi_gpu import multi_gpu_model
     from keras_mgpu_plugins.parallelize import parallelize
 
 __all__ = [
+    "PlacementReport",
     "Topology",
     "TopologyError",
     "WeightsOutOfSyncError",
@@ -30,6 +32,7 @@ __all__ = [
     "launch",
     "multi_gpu_model",
     "parallelize",
+    "placement_report",
     "simulate_devices",
     "topology",
 ]
@@ -39,6 +42,8 @@ _LAZY = {
     "simulate_devices": ("keras_mgpu_plugins.devices", "simulate_devices"),
     "launch": ("keras_mgpu_plugins.launch", "launch"),
     "multi_gpu_model": ("keras_mgpu_plugins.multi_gpu", "multi_gpu_model"),
+    "placement_report": ("keras_mgpu_plugins.model_parallel", "placement_report"),
+    "PlacementReport": ("keras_mgpu_plugins.model_parallel", "PlacementReport"),
     "callbacks": ("keras_mgpu_plugins.callbacks", None),
     "collective": ("keras_mgpu_plugins.collective", None),
     "compat": ("keras_mgpu_plugins.compat", None),

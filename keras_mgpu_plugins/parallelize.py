@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from keras_mgpu_plugins import strategy as _strategy
@@ -21,8 +21,9 @@ def parallelize(
     factory: None = None,
     *,
     strategy: Any = "auto",
-    devices: Sequence[str] | None = None,
+    devices: Sequence[str] | Mapping[str, str] | None = None,
     require_compiled: bool = True,
+    micro_batches: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -30,8 +31,9 @@ def parallelize(
     factory: Callable[..., Any] | None = None,
     *,
     strategy: Any = "auto",
-    devices: Sequence[str] | None = None,
+    devices: Sequence[str] | Mapping[str, str] | None = None,
     require_compiled: bool = True,
+    micro_batches: int | None = None,
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -48,15 +50,20 @@ def parallelize(
 
     Args:
         factory: The model factory, when used as a bare `@parallelize`.
-        strategy: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`, or a
-            `tf.distribute.Strategy` instance. One strategy per process: every
+        strategy: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`,
+            `"model_parallel"` (layer calls placed on several devices of this process:
+            see docs/model_parallelism.md), or a `tf.distribute.Strategy` instance. One strategy per process: every
             factory decorated with the same choice shares it. A
             `MultiWorkerMirroredStrategy` of your own gets the Keras fixes of
             `kmp.compat.patch_keras()` too.
-        devices: For `"mirrored"`: the devices to replicate on.
+        devices: For `"mirrored"`: the devices to replicate on. For
+            `"model_parallel"`: the stage devices in order (default: every local GPU,
+            else every local CPU device), or a mapping from layer-name patterns to devices.
         require_compiled: Raise if the factory returns an uncompiled model
             under a distributing strategy (its optimizer must be created in
             the scope).
+        micro_batches: For `"model_parallel"`: split each batch into this many pieces
+            in `fit` so stages work on different pieces at once (must divide the batch).
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -81,6 +88,11 @@ def parallelize(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
+    if strategy == "model_parallel":
+        return _model_parallel(factory, devices, micro_batches)
+    if micro_batches is not None:
+        raise ValueError(f"micro_batches only applies to strategy='model_parallel'. Received: "
+                         f"strategy={strategy!r}, micro_batches={micro_batches!r}")
     if isinstance(strategy, str):
         name = _strategy.resolve_name(strategy, topology())
         if name == "multi_worker":
@@ -127,3 +139,20 @@ def _check_model(fn: Callable[..., Any], model: Any, active: Any, require_compil
             "objects'), or pass @parallelize(require_compiled=False) and compile inside "
             "`with model.distribute_strategy.scope():`."
         )
+
+
+def _model_parallel(factory: Callable[..., Any] | None, devices: Any, micro_batches: Any) -> Any:
+    """`@parallelize(strategy="model_parallel")`: see `keras_mgpu_plugins.model_parallel`."""
+    from keras_mgpu_plugins.model_parallel import factory as build
+
+    build.check_arguments(devices, micro_batches, topology().num_workers)
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return build.build(fn, args, kwargs, devices, micro_batches)
+
+        wrapper.strategy = lambda: _strategy.get_strategy("default", None)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(factory) if factory is not None else decorate

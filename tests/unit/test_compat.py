@@ -429,3 +429,40 @@ def test_backup_and_restore_runs_no_keras_hook():
     """It may own Keras's state names only because no Keras hook of its base runs."""
     keras_hooks = {n for n in vars(keras.callbacks.BackupAndRestore) if n.startswith("on_")}
     assert keras_hooks <= set(vars(BackupAndRestore)), keras_hooks - set(vars(BackupAndRestore))
+
+
+def test_use_model_parallel_graph():
+    """The graph hook places each node's call; move_variable keeps path and value."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins import _keras_private as private
+
+    assert private.require("model_parallel_graph")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="a"),
+                              keras.layers.Dense(1, name="b")])
+    graph = private.graph_of(model)
+    assert [n.operation.name for n in private.call_nodes(graph)] == ["a", "b"]
+    assert private.node_of(model.outputs[0]) is private.call_nodes(graph)[-1]
+    kernel = model.get_layer("b").kernel
+    before, path, name = kernel.numpy(), kernel.path, kernel.value.name
+    private.move_variable(kernel, "/device:CPU:1")
+    assert kernel.value.device.endswith("CPU:1")
+    assert (kernel.path, kernel.value.name) == (path, name)
+    np.testing.assert_array_equal(kernel.numpy(), before)
+    devices = []
+
+    def make(operation_fn):
+        def placed(op):
+            inner = operation_fn(op)
+
+            def call(*args, **kwargs):
+                with tf.device("/cpu:1"):
+                    out = inner(*args, **kwargs)
+                devices.append(out.device)
+                return out
+            return call
+        return placed
+
+    private.hook_graph_run(graph, make)
+    tf.function(lambda x: model(x))(tf.ones((1, 3)))
+    assert len(devices) == 2 and all(d.endswith("CPU:1") for d in devices)

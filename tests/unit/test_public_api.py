@@ -35,3 +35,9 @@ def test_wandb_logger_importable_path():
     from keras_mgpu_plugins.integrations import wandb as kmp_wandb
 
     assert kmp_wandb.WandbLogger.__name__ == "WandbLogger"
+
+
+def test_placement_report_names():
+    from keras_mgpu_plugins.model_parallel.report import PlacementReport, placement_report
+
+    assert kmp.placement_report is placement_report and kmp.PlacementReport is PlacementReport

@@ -1,0 +1,137 @@
+"""Model parallelism: a model that does not fit in one device trains split over two.
+
+On a GPU, the first GPU is split into 2 logical GPUs of `--limit-mb` each
+(`kmp.simulate_devices(2, memory_limit_mb=...)`) and an MLP is sized so that its
+parameters and Adam slots need `--ratio` (default 1.5) times one limit. Each case runs in
+its own process (a fresh TensorFlow runtime):
+
+- unplaced: the plain model on one logical GPU; expected: out of memory;
+- placed: the same model from `@kmp.parallelize(strategy="model_parallel")`; expected:
+  it trains, and the peak memory of each logical GPU
+  (`tf.config.experimental.get_memory_info(...)["peak"]`) stays under the limit.
+
+Without a GPU, TensorFlow enforces no memory limit: the script runs the placed case on 2
+simulated CPU devices and reports the bytes per device from `kmp.placement_report`
+(parameters, Adam slots, activations) against the notional limit.
+
+    python benchmarks/model_parallel_memory.py [--quick] [--limit-mb 1024] [--ratio 1.5]
+
+Prints a table and, last, a line `RESULT {json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+DEPTH = 8
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small model (CPU: seconds)")
+    parser.add_argument("--limit-mb", type=int, default=None,
+                        help="memory of each logical GPU (default 1024; --quick: 64)")
+    parser.add_argument("--ratio", type=float, default=1.5,
+                        help="parameters + Adam slots as a multiple of one limit")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--case", choices=["unplaced", "placed"], default=None,
+                        help=argparse.SUPPRESS)  # one case in this process (the children)
+    return parser.parse_args(argv)
+
+
+def width_for(limit_bytes: int, ratio: float) -> int:
+    """The MLP width whose DEPTH square layers' weights and 2 Adam slots need ratio * limit."""
+    params = ratio * limit_bytes / 3 / 4  # float32, 1 + 2 slots
+    return max(16, int((params / DEPTH) ** 0.5))
+
+
+def build(width: int):
+    import keras
+
+    inputs = keras.Input((width,))
+    h = inputs
+    for i in range(DEPTH):
+        h = keras.layers.Dense(width, activation="relu", name=f"layer_{i}")(h)
+    model = keras.Model(inputs, h)
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+    return model
+
+
+def run_case(case: str, limit_mb: int, width: int, steps: int) -> dict:
+    """One case in this process: train `steps` steps, report memory per device."""
+    import keras_mgpu_plugins as kmp
+
+    devices = kmp.simulate_devices(2, memory_limit_mb=limit_mb)
+    import numpy as np
+    import tensorflow as tf
+
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    factory = kmp.parallelize(strategy="model_parallel")(build) if case == "placed" else build
+    out = {"case": case, "on_gpu": on_gpu, "devices": devices}
+    try:
+        model = factory(width)
+        x = np.random.default_rng(0).normal(size=(8 * steps, width)).astype("float32")
+        model.fit(x, x, batch_size=8, epochs=1, verbose=0)
+        out["trained"] = True
+    except (tf.errors.ResourceExhaustedError, tf.errors.InternalError) as err:
+        out.update(trained=False, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        return out
+    if on_gpu:
+        out["peak_bytes"] = {d: tf.config.experimental.get_memory_info(d.split("device:")[-1])
+                             ["peak"] for d in devices}
+    if case == "placed":
+        report = kmp.placement_report(model, batch_size=8)
+        print(report)
+        out["report_bytes"] = {r.device: r.parameter_bytes + r.optimizer_bytes +
+                               r.activation_bytes for r in report.rows}
+    return out
+
+
+def child(case: str, args: argparse.Namespace, limit_mb: int) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--limit-mb",
+           str(limit_mb), "--ratio", str(args.ratio), "--steps", str(args.steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
+    if line is None:
+        return {"case": case, "trained": False,
+                "error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(line[5:])
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    limit_mb = args.limit_mb or (64 if args.quick else 1024)
+    width = width_for(limit_mb * 2**20, args.ratio)
+    if args.case:
+        print("CASE " + json.dumps(run_case(args.case, limit_mb, width, args.steps)))
+        return {}
+    placed = child("placed", args, limit_mb)  # it says whether there is a GPU
+    on_gpu = bool(placed.get("on_gpu"))
+    results = {"unplaced": child("unplaced", args, limit_mb)} if on_gpu else {}
+    results["placed"] = placed
+    limit = limit_mb * 2**20
+    need = DEPTH * (width * width + width) * 4 * 3
+    print(f"\nMLP {DEPTH} x {width}: parameters + Adam slots {need / 2**20:.0f} MiB = "
+          f"{need / limit:.2f} x the limit of {limit_mb} MiB per device")
+    print(f"{'case':10} {'device':16} {'bytes':>12}  {'of limit':>8}  source")
+    for case, res in results.items():
+        if not res.get("trained"):
+            print(f"{case:10} {'-':16} {'-':>12}  {'-':>8}  did not train: {res.get('error')}")
+            continue
+        source, per = (("peak", res["peak_bytes"]) if res.get("peak_bytes")
+                       else ("placement report", res.get("report_bytes", {})))
+        for device, size in per.items():
+            print(f"{case:10} {device:16} {size:>12,}  {size / limit:>8.0%}  {source}")
+    result = {"limit_bytes": limit, "need_bytes": need, "width": width, "on_gpu": on_gpu,
+              "cases": results}
+    print("RESULT " + json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

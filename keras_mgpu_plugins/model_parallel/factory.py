@@ -1,0 +1,125 @@
+"""`build()`: the factory of `@parallelize(strategy="model_parallel")`, placed."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from keras_mgpu_plugins.model_parallel import pipeline, placement
+
+#: The plan of each placed model (read by `placement_report`).
+PLANS: weakref.WeakKeyDictionary[Any, placement.Plan] = weakref.WeakKeyDictionary()
+
+
+def check_arguments(devices: Any, micro_batches: Any, num_workers: int) -> None:
+    """Refuses what model parallelism cannot do, before the factory runs.
+
+    Raises:
+        ValueError: For several workers, or `micro_batches` that is not a positive integer.
+    """
+    if num_workers > 1:
+        raise ValueError(
+            f"strategy='model_parallel' runs in one process on one machine; this job has "
+            f"{num_workers} workers. Data parallel x model parallel across workers (hybrid) is "
+            "not available yet: launch one worker, or use strategy='multi_worker'."
+        )
+    if micro_batches is not None and (
+            not isinstance(micro_batches, int) or isinstance(micro_batches, bool)
+            or micro_batches < 1):
+        raise ValueError(
+            f"micro_batches must be a positive integer (or None for 1). Received: "
+            f"micro_batches={micro_batches!r}"
+        )
+
+
+def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
+          micro_batches: int | None) -> Any:
+    """Runs the factory, places its model and returns it.
+
+    Args:
+        fn: The model factory.
+        args: Its positional arguments.
+        kwargs: Its keyword arguments.
+        devices: `None` (every local GPU, else every local CPU device), a list of
+            devices (stages, in order), or a mapping from layer-name patterns to devices.
+        micro_batches: Pieces per global batch in `fit` (`None`: 1).
+
+    Returns:
+        The model, its calls placed and its train step replaced by the placed one.
+    """
+    import keras
+
+    name = getattr(fn, "__qualname__", repr(fn))
+    with placement.recording() as scopes:
+        model = fn(*args, **kwargs)
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"The factory {name} decorated with @parallelize must return a keras.Model. "
+            f"Received: an object of type {type(model).__name__}"
+        )
+    plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
+    placement.apply(model, plan)
+    _after_compile(model)
+    _keep_after_compile(model)
+    loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None
+    pipeline.install_train_step(model, micro_batches or 1, loss_device)
+    for attribute in ("train_function", "test_function", "predict_function"):
+        setattr(model, attribute, None)  # traced before placement: trace again
+    PLANS[model] = plan
+    _print_report_on_first_fit(model)
+    return model
+
+
+def _after_compile(model: Any) -> None:
+    """What a compile must be followed by: slots beside their variable, no XLA."""
+    _place_optimizer_slots(model)
+    if getattr(model, "compiled", False):
+        model.jit_compile = False  # one XLA cluster would run on one device
+
+
+def _keep_after_compile(model: Any) -> None:
+    """A model compiled again (or first) after the factory keeps slots placed and XLA off."""
+    original = model.compile
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        _after_compile(model)
+        return result
+
+    model.compile = compile
+
+
+def _place_optimizer_slots(model: Any) -> None:
+    """Makes the optimizer create each slot variable on its parameter's device."""
+    import tensorflow as tf
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(optimizer, "_kmp_slots_placed", False):
+        return
+    original = optimizer.add_variable_from_reference
+
+    def add_variable_from_reference(reference_variable: Any, *args: Any, **kwargs: Any) -> Any:
+        device = getattr(getattr(reference_variable, "value", reference_variable), "device", "")
+        with tf.device(device or None):
+            return original(reference_variable, *args, **kwargs)
+
+    optimizer.add_variable_from_reference = add_variable_from_reference
+    optimizer._kmp_slots_placed = True
+
+
+def _print_report_on_first_fit(model: Any) -> None:
+    """Prints the placement report once, before the first `fit` whose `verbose` is not 0."""
+    from keras_mgpu_plugins.model_parallel.report import placement_report
+
+    original = model.fit
+    printed = [False]
+
+    def fit(*args: Any, **kwargs: Any) -> Any:
+        verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
+        if not printed[0] and verbose != 0:
+            printed[0] = True
+            print(placement_report(model), flush=True)
+        return original(*args, **kwargs)
+
+    model.fit = fit
