@@ -247,12 +247,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             logger.warning(_ws.one_replica_message(collective.num_workers()))
 
     def _gather_strategy(self) -> Any:
-        strategy = self.model.distribute_strategy
-        if collective.num_workers() == 1 or collective.spans_workers(strategy):
-            return strategy
-        from keras_mgpu_plugins import strategy as strategies  # the process's multi-worker one
-
-        return strategies.get_strategy("multi_worker")
+        # The model's strategy, or the process's multi-worker one (never created here).
+        return collective.workers_strategy(self.model.distribute_strategy)
 
 
 class _Tracked:
