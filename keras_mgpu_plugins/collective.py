@@ -3,7 +3,7 @@
 Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask:
 
 - `is_chief()`, `worker_index()`, `num_workers()`: read lazily, at call time,
-  from the one source `whoami()` (the multi-worker strategy; alone without one);
+  from the one source `whoami()` (the multi-worker strategy when there is one);
 - `all_gather(vector)`: every worker's vector, stacked in worker order;
 - `agree(flag)`: one boolean every worker holds after the call;
 - `broadcast(value)`: the chief's value, on every worker;
@@ -20,122 +20,45 @@ both cases.
 
 from __future__ import annotations
 
-import os
-import sys
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
-from keras_mgpu_plugins.topology import TopologyError, topology_from_env
+from keras_mgpu_plugins._rank import (  # the one source of "who am I", re-exported
+    Rank,
+    _task_rank,
+    _workers_in,
+    check_env_agrees,
+    forget_for_tests,
+    note_strategy,
+    spans_workers,
+    whoami,
+    workers_strategy,
+)
+
+__all__ = ["PeerFailedError", "Rank", "SettingsDifferError", "agree", "all_gather", "broadcast",
+           "check_env_agrees", "forget_for_tests", "is_chief", "note_strategy", "num_workers",
+           "same_settings", "spans_workers", "together", "whoami", "worker_index",
+           "workers_strategy"]
 
 T = TypeVar("T")
 
 
 def is_chief(strategy: Any | None = None) -> bool:
-    """Whether this process is the chief (writes files, logs, uploads). See `worker_index`."""
-    return whoami(strategy)[0] == 0
+    """Whether this process is the chief (writes files, logs, uploads). See `whoami`."""
+    return whoami(strategy).is_chief
 
 
 def worker_index(strategy: Any | None = None) -> int:
     """This process's rank among the workers (0 for the chief). See `whoami`."""
-    return whoami(strategy)[0]
+    return whoami(strategy).worker_index
 
 
 def num_workers(strategy: Any | None = None) -> int:
     """Number of processes that train together. See `whoami`."""
-    return whoami(strategy)[1]
-
-
-def whoami(strategy: Any | None = None) -> tuple[int, int]:
-    """This process's `(rank, number of workers)` in the job it trains in, read at call time.
-
-    The one answer to "who am I": the multi-worker strategy when one spans
-    workers (`strategy` if it does, else the current one, else the one this
-    process created or used: `MultiWorkerMirroredStrategy`, at most one per
-    process), ranked by its cluster resolver as the collectives rank workers.
-    Without one, this process trains alone: `(0, 1)`, its own chief, whatever
-    `TF_CONFIG` or SLURM describe (e.g. `srun -n 4` running four independent
-    `strategy="default"` runs: each writes its own files).
-
-    Raises:
-        TopologyError: If the environment (`TF_CONFIG`, SLURM) describes a
-            multi-worker job in which this process has another rank, or which
-            has another number of workers, than in the strategy.
-    """
-    found = _spanning(strategy)
-    if found is None:
-        return 0, 1
-    rank, workers = _task_rank(found), _workers_in(found)
-    check_env_agrees(rank, workers)
-    return rank, workers
-
-
-def check_env_agrees(rank: int, workers: int) -> None:
-    """Raises `TopologyError` if the environment gives this worker another rank or job size."""
-    env = topology_from_env(os.environ)
-    if env.is_multi_worker and (env.worker_index, env.num_workers) != (rank, workers):
-        raise TopologyError(
-            f"This process is worker {rank} of {workers} in its multi-worker strategy (its "
-            f"cluster resolver), but worker {env.worker_index} of {env.num_workers} in the "
-            f"environment ({env.source}: {_env_names(env.source)}). Files, logs and "
-            "collectives would follow different ranks: make the two describe the same job "
-            "(or unset the environment's cluster variables when passing your own "
-            "cluster_resolver)."
-        )
-
-
-def _env_names(source: str) -> str:
-    return "TF_CONFIG" if source == "tf_config" else "SLURM_PROCID, SLURM_NTASKS"
-
-
-def _spanning(strategy: Any | None) -> Any | None:
-    """The multi-worker strategy this process trains in, or `None`."""
-    if "tensorflow" not in sys.modules:  # no strategy can exist yet: stay cheap
-        return None
-    import tensorflow as tf
-
-    for candidate in (strategy, tf.distribute.get_strategy(), _process_strategy[0]):
-        if candidate is not None and spans_workers(candidate):
-            return candidate
-    return None
-
-
-def workers_strategy(strategy: Any) -> Any:
-    """The strategy to gather across workers with: `strategy` if it spans them, else this
-    process's multi-worker strategy if one exists, else `strategy` (never creates one)."""
-    return _spanning(strategy) or strategy
-
-
-#: The multi-worker strategy this process trains in, once created or seen (TensorFlow
-#: allows one per process); a one-element list, so that tests can reset it.
-_process_strategy: list[Any] = [None]
-
-
-def forget_for_tests() -> None:
-    """Forgets the process's multi-worker strategy (tests only)."""
-    _process_strategy[0] = None
-
-
-def spans_workers(strategy: Any | None = None) -> bool:
-    """Whether `strategy` (default: the current one) communicates across workers.
-
-    A strategy that does becomes this process's multi-worker strategy (`whoami`).
-    """
-    import tensorflow as tf
-
-    strategy = strategy or tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    if _workers_in(strategy) <= 1:
-        return False
-    _process_strategy[0] = strategy
-    return True
-
-
-def _workers_in(strategy: Any) -> int:
-    return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    return whoami(strategy).num_workers
 
 
 def all_gather(vector: Any, strategy: Any | None = None) -> np.ndarray:
@@ -244,7 +167,7 @@ def same_settings(settings: Mapping[str, Any], owner: str, strategy: Any | None 
     """Checks that `settings` are the same on every worker; raises on every worker if not.
 
     A callback whose arguments decide when it runs a collective (`save_freq`,
-    `patience`, `every_n_batches`, ...) would, created differently on two
+    `patience`, `check_freq`, ...) would, created differently on two
     workers, run a different number of collectives there, and the job would
     hang at the first one that one worker skips. Calling this from
     `on_train_begin` turns that hang into an error naming the arguments.
@@ -278,13 +201,3 @@ def same_settings(settings: Mapping[str, Any], owner: str, strategy: Any | None 
             "where it runs collective operations, and a worker that runs fewer would leave "
             f"the others waiting. Differing: {details}."
         )
-
-
-def _task_rank(strategy: Any) -> int:
-    resolver = strategy.cluster_resolver
-    task_type, task_id = resolver.task_type, resolver.task_id
-    spec = resolver.cluster_spec().as_dict()
-    has_chief = "chief" in spec and spec["chief"]
-    if task_type == "chief":
-        return 0
-    return int(task_id) + (1 if has_chief else 0)

@@ -78,7 +78,7 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             compat.check_keras_for_distribution()
         if isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
             compat.patch_keras()  # the user's own strategy needs the same Keras fixes
-            collective.whoami(spec)  # now the process's rank source; raises if the env disagrees
+        collective.note_strategy(spec)  # the rank source now; raises if the env disagrees
         return spec
     name = resolve_name(spec, topology())
     if devices is not None and name != "mirrored":
@@ -94,7 +94,8 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
         key = (name, _canonical(tf, _mirrored_devices(tf, devices)) if name == "mirrored" else None)
         if key not in _strategies:
             _strategies[key] = _create(name, key[1])
-        return _strategies[key]
+    collective.note_strategy(_strategies[key])
+    return _strategies[key]
 
 
 def check_instance(spec: Any, devices: Sequence[str] | None) -> None:
@@ -173,7 +174,6 @@ def _create_multi_worker(tf: Any) -> Any:
             ) from err
         raise
     compat.patch_keras()
-    collective.whoami(strategy)  # the process's rank source from now on
     return strategy
 
 

@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-import keras_mgpu_plugins.topology  # noqa: F401 - the module (the package exports a function of that name)
 from keras_mgpu_plugins.topology import (
     Topology,
     TopologyError,
@@ -224,7 +223,9 @@ def test_topology_does_not_import_tensorflow_where_the_environment_answers(visib
     import subprocess
     import sys
 
-    driver = sys.modules["keras_mgpu_plugins.topology"]._has_gpu_driver()
+    from keras_mgpu_plugins._local_devices import _has_gpu_driver
+
+    driver = _has_gpu_driver()
     if visible is None and driver is not False:
         pytest.skip("a GPU driver is present: without CUDA_VISIBLE_DEVICES, TensorFlow must say")
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
