@@ -2,7 +2,8 @@
 
 Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask:
 
-- `is_chief()`, `worker_index()`, `num_workers()`: read lazily, at call time;
+- `is_chief()`, `worker_index()`, `num_workers()`: read lazily, at call time,
+  from the one source `whoami()` (the multi-worker strategy when there is one);
 - `all_gather(vector)`: every worker's vector, stacked in worker order;
 - `agree(flag)`: one boolean every worker holds after the call;
 - `broadcast(value)`: the chief's value, on every worker;
@@ -25,44 +26,39 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from keras_mgpu_plugins.topology import topology_from_env
+from keras_mgpu_plugins._rank import (  # the one source of "who am I", re-exported
+    Rank,
+    _task_rank,
+    _workers_in,
+    check_env_agrees,
+    forget_for_tests,
+    note_strategy,
+    spans_workers,
+    whoami,
+    workers_strategy,
+)
+
+__all__ = ["PeerFailedError", "Rank", "SettingsDifferError", "agree", "all_gather", "broadcast",
+           "check_env_agrees", "forget_for_tests", "is_chief", "note_strategy", "num_workers",
+           "same_settings", "spans_workers", "together", "whoami", "worker_index",
+           "workers_strategy"]
 
 T = TypeVar("T")
 
 
-def is_chief() -> bool:
-    """Whether this process is the chief (writes files, logs, uploads)."""
-    return topology_from_env(_environ()).is_chief
+def is_chief(strategy: Any | None = None) -> bool:
+    """Whether this process is the chief (writes files, logs, uploads). See `whoami`."""
+    return whoami(strategy).is_chief
 
 
-def worker_index() -> int:
-    """This process's rank among the workers (0 for the chief)."""
-    return topology_from_env(_environ()).worker_index
+def worker_index(strategy: Any | None = None) -> int:
+    """This process's rank among the workers (0 for the chief). See `whoami`."""
+    return whoami(strategy).worker_index
 
 
-def num_workers() -> int:
-    """Number of processes that train together."""
-    return topology_from_env(_environ()).num_workers
-
-
-def _environ() -> Any:
-    import os
-
-    return os.environ
-
-
-def spans_workers(strategy: Any | None = None) -> bool:
-    """Whether `strategy` (default: the current one) communicates across workers."""
-    import tensorflow as tf
-
-    strategy = strategy or tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    return _workers_in(strategy) > 1
-
-
-def _workers_in(strategy: Any) -> int:
-    return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+def num_workers(strategy: Any | None = None) -> int:
+    """Number of processes that train together. See `whoami`."""
+    return whoami(strategy).num_workers
 
 
 def all_gather(vector: Any, strategy: Any | None = None) -> np.ndarray:
@@ -171,7 +167,7 @@ def same_settings(settings: Mapping[str, Any], owner: str, strategy: Any | None 
     """Checks that `settings` are the same on every worker; raises on every worker if not.
 
     A callback whose arguments decide when it runs a collective (`save_freq`,
-    `patience`, `every_n_batches`, ...) would, created differently on two
+    `patience`, `check_freq`, ...) would, created differently on two
     workers, run a different number of collectives there, and the job would
     hang at the first one that one worker skips. Calling this from
     `on_train_begin` turns that hang into an error naming the arguments.
@@ -205,13 +201,3 @@ def same_settings(settings: Mapping[str, Any], owner: str, strategy: Any | None 
             "where it runs collective operations, and a worker that runs fewer would leave "
             f"the others waiting. Differing: {details}."
         )
-
-
-def _task_rank(strategy: Any) -> int:
-    resolver = strategy.cluster_resolver
-    task_type, task_id = resolver.task_type, resolver.task_id
-    spec = resolver.cluster_spec().as_dict()
-    has_chief = "chief" in spec and spec["chief"]
-    if task_type == "chief":
-        return 0
-    return int(task_id) + (1 if has_chief else 0)

@@ -19,3 +19,7 @@ class WeightsOutOfSyncError(RuntimeError):
     def __init__(self, message: str, mismatches: list[Any] | None = None) -> None:
         super().__init__(message)
         self.mismatches = list(mismatches or [])
+
+
+class TopologyError(ValueError):
+    """The environment describes a cluster that cannot be used."""

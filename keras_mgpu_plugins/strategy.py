@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from keras_mgpu_plugins import collective
 from keras_mgpu_plugins.topology import Topology, topology
 
 STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default")
@@ -77,6 +78,7 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             compat.check_keras_for_distribution()
         if isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
             compat.patch_keras()  # the user's own strategy needs the same Keras fixes
+        collective.note_strategy(spec)  # the rank source now; raises if the env disagrees
         return spec
     name = resolve_name(spec, topology())
     if devices is not None and name != "mirrored":
@@ -92,7 +94,8 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
         key = (name, _canonical(tf, _mirrored_devices(tf, devices)) if name == "mirrored" else None)
         if key not in _strategies:
             _strategies[key] = _create(name, key[1])
-        return _strategies[key]
+    collective.note_strategy(_strategies[key])
+    return _strategies[key]
 
 
 def check_instance(spec: Any, devices: Sequence[str] | None) -> None:
@@ -182,7 +185,12 @@ def _slurm_resolver(tf: Any, topo: Topology) -> Any:
 
 
 def _check_own_port_free(topo: Topology) -> None:
-    """Fails with the address when this worker's port is taken (TF would abort)."""
+    """Fails with the address when this worker's port is taken (TF would abort).
+
+    Binds as gRPC's server does, with `SO_REUSEADDR`: connections of a previous
+    run on the same port, left in TIME_WAIT (a relaunch on fixed ports), do not
+    count; a socket listening on it does.
+    """
     import socket
 
     if not topo.is_multi_worker or topo.cluster_spec is None:
@@ -190,6 +198,7 @@ def _check_own_port_free(topo: Topology) -> None:
     address = topo.cluster_spec[topo.task_type][topo.task_index]
     port = int(address.rpartition(":")[2])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
         except OSError as err:
@@ -204,3 +213,4 @@ def reset_for_tests() -> None:
     """Forgets the cached strategies (a collective one cannot really be undone)."""
     with _lock:
         _strategies.clear()
+    collective.forget_for_tests()

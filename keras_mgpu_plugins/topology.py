@@ -19,19 +19,36 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from keras_mgpu_plugins._local_devices import gpus_from_env, local_device_names
+from keras_mgpu_plugins._slurm import (
+    DEFAULT_SLURM_PORT_BASE,
+    SLURM_STEP_VARS,
+    expand_hostlist,
+    expand_tasks_per_node,
+    slurm_fields,
+)
+from keras_mgpu_plugins._slurm import int_env as _int_env
+from keras_mgpu_plugins.errors import TopologyError
+
+__all__ = ["DEFAULT_SLURM_PORT_BASE", "PS_REFUSAL", "SLURM_STEP_VARS", "TRAINING_TASK_TYPES",
+           "Topology", "TopologyError", "expand_hostlist", "expand_tasks_per_node",
+           "gpus_from_env", "local_device_names", "topology", "topology_from_env"]
 
 #: Task types that take part in synchronous all-reduce training.
 TRAINING_TASK_TYPES = ("chief", "worker")
 
-#: Port of the first task on each SLURM node, as in TensorFlow's resolver.
-DEFAULT_SLURM_PORT_BASE = 8888
-
-
-class TopologyError(ValueError):
-    """The environment describes a cluster that cannot be used."""
+#: Why a cluster with "ps" tasks is refused, and what to do instead.
+PS_REFUSAL = (
+    'TF_CONFIG describes a parameter-server cluster (task type "ps"), which Keras 3 cannot '
+    "train: its Model.fit refuses ParameterServerStrategy (keras-team/keras#18624), so "
+    "building one yourself does not help either. Train with synchronous all-reduce "
+    "instead: remove the \"ps\" tasks from the cluster and keep the \"chief\"/\"worker\" "
+    "tasks; kmp then creates a MultiWorkerMirroredStrategy over them "
+    "(@kmp.parallelize, or kmp.launch on one machine)."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +119,7 @@ def topology_from_env(
     if _int_env(env, "SLURM_NTASKS", default=1) > 1 or _int_env(
         env, "SLURM_NPROCS", default=1
     ) > 1:
-        return _from_slurm(env, devices)
+        return Topology(**slurm_fields(env), local_devices=devices)
     return Topology(local_devices=devices)
 
 
@@ -119,36 +136,6 @@ def topology() -> Topology:
         1
     """
     return topology_from_env(os.environ, local_device_names())
-
-
-def local_device_names() -> tuple[str, ...]:
-    """This process's GPUs, else its (logical) CPUs, without starting TF's runtime."""
-    import sys
-
-    if "tensorflow" not in sys.modules:
-        # Importing TF costs seconds; a process that has not imported it has
-        # configured no logical devices yet, so only visible GPUs matter.
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            ids = [d for d in visible.split(",") if d.strip() not in ("", "-1")]
-            if ids:
-                return tuple(f"GPU:{i}" for i in range(len(ids)))
-    import tensorflow as tf
-
-    gpus = tf.config.get_visible_devices("GPU")  # simulate_devices hides all GPUs but one
-    if gpus:
-        logical = _logical_count(tf, gpus)
-        return tuple(f"GPU:{i}" for i in range(logical))
-    cpus = tf.config.list_physical_devices("CPU")
-    return tuple(f"CPU:{i}" for i in range(_logical_count(tf, cpus[:1])))
-
-
-def _logical_count(tf: Any, physical: list) -> int:
-    count = 0
-    for device in physical:
-        configured = tf.config.get_logical_device_configuration(device)
-        count += len(configured) if configured else 1
-    return count
 
 
 # --- TF_CONFIG -------------------------------------------------------------------
@@ -190,10 +177,7 @@ def _from_tf_config(raw: str, devices: tuple[str, ...]) -> Topology:
         )
     if "ps" in cluster:
         raise TopologyError(
-            'TF_CONFIG describes a parameter-server cluster (task type "ps"); '
-            "keras_mgpu_plugins trains with synchronous all-reduce "
-            "(MultiWorkerMirroredStrategy). Remove the \"ps\" tasks, or build a "
-            "ParameterServerStrategy yourself and pass it as parallelize(strategy=...)."
+            PS_REFUSAL + f" Received: ps={list(cluster['ps'])!r}"
         )
     chiefs = cluster.get("chief", ())
     workers = cluster.get("worker", ())
@@ -247,132 +231,3 @@ def _is_host_port(address: str) -> bool:
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
-# --- SLURM -------------------------------------------------------------------------
-
-
-#: Set by srun in each task of a job step, never in an sbatch script itself.
-SLURM_STEP_VARS = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST")
-
-
-def _from_slurm(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
-    ntasks = _int_env(env, "SLURM_NTASKS", default=0) or _int_env(env, "SLURM_NPROCS")
-    if not any(name in env for name in SLURM_STEP_VARS):
-        # The batch script itself (sbatch --ntasks=N), not one of srun's N tasks: as
-        # worker 0 of N it would wait forever for workers nobody started.
-        raise TopologyError(
-            f"SLURM_NTASKS={ntasks}, but this process is not a task of a SLURM job step "
-            f"(none of {', '.join(SLURM_STEP_VARS)} is set): start it with "
-            f"`srun python ...` to train on {ntasks} workers, or with SLURM_NTASKS=1 set "
-            "to train in this one process."
-        )
-    ntasks = _int_env(env, "SLURM_STEP_NUM_TASKS", default=ntasks)
-    procid = _int_env(env, "SLURM_PROCID")
-    if not 0 <= procid < ntasks:
-        raise TopologyError(
-            f"SLURM_PROCID must be in [0, SLURM_NTASKS={ntasks}). Received: "
-            f"SLURM_PROCID={procid}"
-        )
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        raise TopologyError(
-            "SLURM_NTASKS > 1 but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST "
-            "is set; start the job step with srun."
-        )
-    nodes = expand_hostlist(nodelist)
-    per_node_raw = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    if per_node_raw:
-        per_node = expand_tasks_per_node(per_node_raw)
-    else:
-        per_node = [ntasks // len(nodes)] * len(nodes)
-    if len(per_node) != len(nodes) or sum(per_node) != ntasks:
-        raise TopologyError(
-            f"SLURM's node list ({nodelist!r}: {len(nodes)} nodes) and tasks per node "
-            f"({per_node_raw!r}) do not add up to SLURM_NTASKS={ntasks}."
-        )
-    port_base = _int_env(env, "KMP_SLURM_PORT_BASE", default=DEFAULT_SLURM_PORT_BASE)
-    addresses = []
-    for node, count in zip(nodes, per_node, strict=True):
-        addresses += [f"{node}:{port_base + i}" for i in range(count)]
-    return Topology(
-        num_workers=ntasks,
-        worker_index=procid,
-        is_chief=procid == 0,
-        task_type="worker",
-        task_index=procid,
-        cluster_spec={"worker": tuple(addresses)},
-        source="slurm",
-        local_devices=devices,
-    )
-
-
-_HOSTLIST_ITEM = re.compile(r"([^,\[]+)(\[[^\]]*\])?([^,\[]*)")
-
-
-def expand_hostlist(hostlist: str) -> list[str]:
-    """Expands a SLURM host list such as `"gpu[01-03,07],login1"`.
-
-    Args:
-        hostlist: A compressed SLURM host list.
-
-    Returns:
-        The host names, in order.
-
-    Raises:
-        TopologyError: If a range is malformed.
-    """
-    hosts: list[str] = []
-    for item in _split_top_level(hostlist.strip()):
-        match = _HOSTLIST_ITEM.fullmatch(item)
-        if not match:
-            raise TopologyError(f"Malformed SLURM host list. Received: {hostlist!r}")
-        prefix, ranges, suffix = match.groups()
-        if not ranges:
-            hosts.append(prefix + suffix)
-            continue
-        for part in ranges[1:-1].split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise TopologyError(f"Malformed SLURM host range {part!r} in {hostlist!r}")
-            hi = hi or lo
-            if int(hi) < int(lo):
-                raise TopologyError(f"Decreasing SLURM host range {part!r} in {hostlist!r}")
-            width = len(lo)
-            hosts += [f"{prefix}{n:0{width}d}{suffix}" for n in range(int(lo), int(hi) + 1)]
-    return hosts
-
-
-def _split_top_level(text: str) -> list[str]:
-    items, depth, current = [], 0, ""
-    for char in text:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    if depth != 0:
-        raise TopologyError(f"Unbalanced brackets in SLURM host list. Received: {text!r}")
-    return [item for item in items + [current] if item]
-
-
-def expand_tasks_per_node(spec: str) -> list[int]:
-    """Expands SLURM's tasks per node, e.g. `"2(x3),1"` → `[2, 2, 2, 1]`."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not match:
-            raise TopologyError(f"Malformed SLURM tasks per node. Received: {spec!r}")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
-def _int_env(env: Mapping[str, str], name: str, default: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise TopologyError(f"{name} must be set to an integer.")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise TopologyError(f"{name} must be an integer. Received: {name}={raw!r}") from None

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+
+from keras_mgpu_plugins.callbacks._freq import UNSET, batches_between, warn_renamed
 
 ON_MISMATCH = ("raise", "warn", "resync")
 #: Variables Keras keeps per replica (BatchNormalization's moving statistics), by name.
@@ -105,6 +108,23 @@ class CheckSchedule:
                 raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
         return cls(1 if every_n_batches is None and every_n_epochs is None else every_n_epochs,
                    every_n_batches)
+
+    @classmethod
+    def from_freq(cls, check_freq: Any, every_n_epochs: Any = UNSET,
+                  every_n_batches: Any = UNSET) -> CheckSchedule:
+        """The schedule for `check_freq`, or (deprecated, one release) the older interval arguments."""
+        old = {name: value for name, value in (("every_n_epochs", every_n_epochs),
+                                               ("every_n_batches", every_n_batches)) if value is not UNSET}
+        if not old:
+            every = batches_between("check_freq", "epoch" if check_freq is UNSET else check_freq)
+            return cls(None if every else 1, every or None)
+        if check_freq is not UNSET:
+            raise ValueError("WeightSyncVerifier: pass check_freq only (every_n_epochs and every_n_batches "
+                             f"are deprecated). Received: check_freq={check_freq!r}, "
+                             + ", ".join(f"{n}={v!r}" for n, v in old.items()))
+        for name in old:
+            warn_renamed("WeightSyncVerifier", name, "check_freq", stacklevel=4)
+        return cls.from_arguments(old.get("every_n_epochs"), old.get("every_n_batches"))
 
     def start_epoch(self) -> None:
         self._seen_in_epoch = 0

@@ -40,7 +40,7 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, compat
-from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.reader import Reader
@@ -79,8 +79,12 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             second. By default the rows Keras's loss tracker counted per batch
             on every worker (the same for full batches; the mean with a
             partial last batch).
-        log_every_n_batches: Also take a record every N batches, written to
-            `log_dir` / `csv_path` and published with its batch number.
+        log_freq: `"epoch"` (records at epoch ends only) or an int N: also take
+            a record every N batches, written to `log_dir` / `csv_path` and
+            published with its batch number. Must be the same on every worker
+            (as `plot`), else `SettingsDifferError` on every worker.
+        log_every_n_batches: Deprecated name of `log_freq` (N, or `None` for
+            `"epoch"`), accepted for one release with a `DeprecationWarning`.
         log_dir: Directory for TensorBoard scalars of every record (chief).
         csv_path: CSV file with one row per record (chief).
         plot: PNG path: memory and utilisation of every device over the run,
@@ -95,6 +99,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     Raises:
         ValueError: If an argument is out of range.
+        keras_mgpu_plugins.collective.SettingsDifferError: At `fit`, if `plot`
+            or `log_freq` differ between workers.
         TypeError: If `sampler` is not a `DeviceSampler`.
         ImportError: If `plot` is given and matplotlib is not installed.
 
@@ -108,7 +114,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def __init__(
         self,
         batch_size: int | None = None,
-        log_every_n_batches: int | None = None,
+        log_freq: str | int = _freq.UNSET,
         log_dir: str | None = None,
         csv_path: str | None = None,
         plot: str | None = None,
@@ -116,11 +122,17 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         sample_interval: float | None = 1.0,
         progbar: str = "summary",
         sampler: DeviceSampler | None = None,
+        log_every_n_batches: int | None = _freq.UNSET,
     ) -> None:
         super().__init__()
-        for name, value in (("batch_size", batch_size), ("log_every_n_batches", log_every_n_batches)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None. Received: {name}={value!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None. Received: batch_size={batch_size!r}")
+        if log_every_n_batches is None:
+            log_every_n_batches = "epoch"
+        log_freq = _freq.renamed("DeviceMetricsLogger", "log_every_n_batches", log_every_n_batches,
+                                 "log_freq", log_freq, "epoch")
+        self._every_n = _freq.batches_between("log_freq", log_freq)
         if sample_interval is not None and not (
             isinstance(sample_interval, (int, float)) and sample_interval > 0
         ):
@@ -141,7 +153,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
                 f"pip install 'keras_mgpu_plugins[plot]'. Received: plot={plot!r}"
             )
         self.batch_size = batch_size
-        self.log_every_n_batches = log_every_n_batches
+        self.log_freq = log_freq
         self.log_dir, self.csv_path, self.plot = log_dir, csv_path, plot
         self.summary = summary
         self.sample_interval = sample_interval
@@ -238,23 +250,15 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             self._thread.stop()  # a previous fit that raised
         self._strategy = self.model.distribute_strategy
         self._replicas = int(self._strategy.num_replicas_in_sync)
-        self._chief = collective.is_chief()
+        self._chief = collective.is_chief(self._strategy)
+        # plot and log_freq decide how many collectives run: the same everywhere, or an error.
+        collective.same_settings({"plot": self.plot is not None, "log_freq": self.log_freq},
+                                 type(self).__name__, self._strategy)
         self._reader = collective.together(self._open_reader, "DeviceMetricsLogger: opening the samplers",
                                            self._strategy)
         self._names, self._peers_warned = self._reader.names, set()
-        # The chief's plot and batch-record settings decide how many collectives run,
-        # on every worker alike (a worker configured otherwise must not wait alone).
-        local = np.array([len(self._names), self.plot is not None, self.log_every_n_batches or 0])
-        gathered = collective.all_gather(local, self._strategy)
-        counts = gathered[:, 0]
-        self._plot_gathered, self._every = bool(gathered[0, 1]), int(gathered[0, 2])
-        if (self._plot_gathered, self._every) != (bool(local[1]), int(local[2])):
-            logger.warning(
-                "DeviceMetricsLogger: this worker's plot=%r, log_every_n_batches=%r differ from "
-                "the chief's; following the chief's (plot %s, log_every_n_batches=%s).",
-                self.plot, self.log_every_n_batches, "on" if self._plot_gathered else "off",
-                self._every or None,
-            )
+        self._plot_gathered, self._every = self.plot is not None, self._every_n
+        counts = collective.all_gather(np.array([len(self._names)]), self._strategy)[:, 0]
         self._max_devices = int(counts.max())
         self._all_names = rec.remote_device_names(self._names, [int(c) for c in counts])
         self._schema = rec.KeySchema()

@@ -1,9 +1,13 @@
-"""`EarlyStopping`: Keras's callback, with one stop decision for every worker."""
+"""`EarlyStopping`: Keras's callback, with one stop decision for every worker.
+
+Keras's own decision runs (`on_epoch_end` is not overridden); only the value it
+reads is made the same on every worker: `get_monitor_value` returns the
+chief's, so every worker decides alike, at the same epoch.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -11,109 +15,16 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective, compat
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What `StoppingRule.step` concluded about one epoch.
-
-    Attributes:
-        monitored: Whether the epoch counted (a value, and past the warm-up).
-        improved: Whether the value is the new best (capture the weights).
-        stop: Whether patience ran out (stop training).
-    """
-
-    monitored: bool = False
-    improved: bool = False
-    stop: bool = False
-
-
-class StoppingRule:
-    """The early-stopping decision of `keras.callbacks.EarlyStopping`, on numbers.
-
-    No Keras, no model: one value per epoch in, a `Verdict` out. Keras compares
-    Python floats at its float precision (`keras.config.floatx()`, float32 by
-    default), so two values closer than that precision are equal here too.
-
-    Args:
-        mode: `"min"` or `"max"` (already resolved from `"auto"`).
-        min_delta: Smallest change that counts as an improvement (its sign is
-            ignored, as in Keras).
-        patience: Epochs without improvement before stopping.
-        baseline: A value to beat; while no epoch beats it, the wait is not
-            reset, and training stops after `patience` epochs.
-        start_from_epoch: Epochs of warm-up that are not monitored.
-        dtype: Precision of the comparisons (a NumPy dtype or its name).
-
-    Example:
-        >>> rule = StoppingRule("min", patience=1)
-        >>> [rule.step(e, v).stop for e, v in enumerate([3.0, 2.0, 2.5, 2.4])]
-        [False, False, False, True]
-        >>> rule.best, rule.best_epoch, rule.stopped_epoch
-        (2.0, 1, 3)
-    """
-
-    def __init__(
-        self,
-        mode: str,
-        min_delta: float = 0.0,
-        patience: int = 0,
-        baseline: float | None = None,
-        start_from_epoch: int = 0,
-        dtype: Any = "float32",
-    ) -> None:
-        if mode not in ("min", "max"):
-            raise ValueError(f'mode must be "min" or "max". Received: mode={mode!r}')
-        self.mode = mode
-        self.min_delta = abs(min_delta)
-        self.patience = patience
-        self.baseline = baseline
-        self.start_from_epoch = start_from_epoch
-        self.dtype = np.dtype(dtype)
-        self.reset()
-
-    def reset(self) -> None:
-        """Forgets every epoch seen (a new `fit`)."""
-        self.wait = 0
-        self.best: float | None = None
-        self.best_epoch = 0
-        self.stopped_epoch = 0
-
-    def is_improvement(self, value: float, reference: float | None) -> bool:
-        """Whether `value` beats `reference` by more than `min_delta`."""
-        if reference is None:
-            return True
-        if self.mode == "min":
-            return bool(self._cast(value + self.min_delta) < self._cast(reference))
-        return bool(self._cast(value - self.min_delta) > self._cast(reference))
-
-    def step(self, epoch: int, value: float | None) -> Verdict:
-        """Takes the monitored value at the end of `epoch` (`None`: not logged)."""
-        if value is None or epoch < self.start_from_epoch:
-            return Verdict()
-        self.wait += 1
-        if self.is_improvement(value, self.best):
-            self.best, self.best_epoch = value, epoch
-            if self.baseline is None or self.is_improvement(value, self.baseline):
-                self.wait = 0
-            return Verdict(monitored=True, improved=True)
-        if self.wait >= self.patience and epoch > 0:
-            self.stopped_epoch = epoch
-            return Verdict(monitored=True, stop=True)
-        return Verdict(monitored=True)
-
-    def _cast(self, value: float) -> np.ndarray:
-        return np.asarray(value, dtype=self.dtype)
+from keras_mgpu_plugins import collective
 
 
 class EarlyStopping(keras.callbacks.EarlyStopping):
     """Stops training when a monitored quantity has stopped improving; worker-safe.
 
-    A drop-in for `keras.callbacks.EarlyStopping` (same arguments, attributes,
-    messages and decisions on one device; it is a subclass). With several
+    A drop-in for `keras.callbacks.EarlyStopping` (a subclass: its arguments,
+    attributes, messages and decision rule are Keras's own). With several
     workers, every worker takes the chief's monitored value each epoch
-    (`collective.broadcast`), so all of them stop at the same epoch even when
+    (`get_monitor_value` broadcasts it), so all of them stop at the same epoch even when
     the value differs between workers (a metric that is not reduced), and none
     is left waiting in a collective. With `restore_best_weights`, every worker
     keeps the weights of the same epoch; synchronous training keeps them
@@ -157,21 +68,8 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             type(self).__name__, getattr(self.model, "distribute_strategy", None),
         )
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self.monitor_op is None:
-            compat.resolve_monitor_op(self)  # Keras's own inference of mode="auto"
-        current = self.get_monitor_value(logs)  # collective: every worker, every epoch
-        rule = self._make_rule()  # from the attributes as they are now, as Keras reads them
-        verdict = rule.step(epoch, current)
-        self.wait, self.best, self.best_epoch = rule.wait, rule.best, rule.best_epoch
-        if verdict.improved and self.restore_best_weights:
-            self.best_weights = self.model.get_weights()
-        if verdict.stop:
-            self.stopped_epoch = epoch
-            self.model.stop_training = True
-
     def on_train_end(self, logs: dict | None = None) -> None:
-        with _quiet_unless(collective.is_chief(), self):
+        with _quiet_unless(collective.is_chief(getattr(self.model, "distribute_strategy", None)), self):
             super().on_train_end(logs)  # messages, then restores best_weights
 
     def get_monitor_value(self, logs: dict | None) -> float | None:
@@ -192,20 +90,6 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             )
         return value
 
-    def _make_rule(self) -> StoppingRule:
-        minimizing = bool(self.monitor_op(0.0, 1.0))  # ops.less or ops.greater
-        rule = StoppingRule(
-            mode="min" if minimizing else "max",
-            min_delta=self.min_delta,
-            patience=self.patience,
-            baseline=self.baseline,
-            start_from_epoch=self.start_from_epoch,
-            dtype=_float_dtype(keras.config.floatx()),
-        )
-        rule.wait, rule.best, rule.best_epoch = self.wait, self.best, self.best_epoch
-        return rule
-
-
 def _chief_value(value: Any, strategy: Any) -> float | None:
     """Every worker gets the chief's value (`None` if the chief has none)."""
     try:  # never raise before the collective: the other workers would wait for us
@@ -214,15 +98,6 @@ def _chief_value(value: Any, strategy: Any) -> float | None:
         mine = np.array([0.0, 0.0])
     present, chief = collective.broadcast(mine, strategy)
     return float(chief) if present else None
-
-
-def _float_dtype(name: str) -> Any:
-    try:
-        return np.dtype(name)
-    except TypeError:  # bfloat16: NumPy knows it through ml_dtypes
-        import ml_dtypes
-
-        return getattr(ml_dtypes, name)
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, fingerprint
+from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.callbacks import _weight_sync as _ws
-from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.callbacks._weight_sync import (  # public names, re-exported
     DEFAULT_STATISTICS,
     MAX_LINES,
@@ -42,7 +42,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     """Checks that every replica on every worker holds identical weights.
 
     At train begin (catching workers that started from different weights), then
-    every `every_n_epochs` epochs (default 1) or every `every_n_batches` steps,
+    epoch (`check_freq="epoch"`, the default) or every `check_freq` steps,
     each model and optimizer variable that should be mirrored is fingerprinted
     on each device that holds a copy (an exact bitwise hash: one flipped bit is
     caught; no copy of the weights leaves the device), local replicas are
@@ -61,8 +61,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     whatever the order of the callbacks.
 
     Args:
-        every_n_epochs: Check at the end of every n-th epoch (default 1).
-        every_n_batches: Check every n training steps instead.
+        check_freq: `"epoch"`: check at the end of every epoch; an int N:
+            check every N training steps instead (counted across epochs).
         on_mismatch: `"raise"` a `kmp.WeightsOutOfSyncError` on every worker,
             `"warn"` (log and go on), or `"resync"` (copy the chief's first
             replica to every copy and go on).
@@ -70,21 +70,25 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             before each checkpoint save.
         statistics: Names of the non-trainable variables kept per replica.
         check_on_train_begin: Also check before the first step.
+        every_n_epochs: Deprecated (one release, `DeprecationWarning`): check
+            every n-th epoch; use `check_freq`.
+        every_n_batches: Deprecated name of `check_freq=N`.
 
     Raises:
-        ValueError: For a non-positive interval, both intervals, or an unknown
-            `on_mismatch`.
+        ValueError: For a bad `check_freq` (or deprecated interval), both a
+            new and a deprecated interval, or an unknown `on_mismatch`.
 
     Example:
         >>> model.fit(x, y, epochs=10, callbacks=[kmp.callbacks.WeightSyncVerifier(sync_stats=True)])
     """
 
-    def __init__(self, every_n_epochs: int | None = None, every_n_batches: int | None = None,
-                 on_mismatch: str = "raise", sync_stats: bool = False,
-                 statistics: Sequence[str] = DEFAULT_STATISTICS,
-                 check_on_train_begin: bool = True) -> None:
+    def __init__(self, check_freq: str | int = _freq.UNSET, on_mismatch: str = "raise",
+                 sync_stats: bool = False, statistics: Sequence[str] = DEFAULT_STATISTICS,
+                 check_on_train_begin: bool = True, *, every_n_epochs: int | None = _freq.UNSET,
+                 every_n_batches: int | None = _freq.UNSET) -> None:
         super().__init__()
-        self.schedule = CheckSchedule.from_arguments(every_n_epochs, every_n_batches)
+        self.schedule = CheckSchedule.from_freq(check_freq, every_n_epochs, every_n_batches)
+        self.check_freq = self.schedule.every_n_batches or "epoch"
         if on_mismatch not in ON_MISMATCH:
             raise ValueError(f"on_mismatch must be one of {list(ON_MISMATCH)}. "
                              f"Received: on_mismatch={on_mismatch!r}")
@@ -99,14 +103,15 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         # the channel holds the model weakly: it must not keep this callback (and the model) alive
         self._listeners = {"before_save": _weak_listener(self, "_before_save"),
                            "checkpoint_saved": _weak_listener(self, "_on_checkpoint_saved")}
-        if every_n_batches is not None:  # a batch hook only when asked: Keras may then dispatch async
+        if self.schedule.every_n_batches:  # a batch hook only when asked: Keras may then dispatch async
             self.on_train_batch_end = self._on_train_batch_end
 
     # --- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         collective.same_settings(  # they decide when checks (collectives) run, and the verdict
-            {"every_n_epochs": self.schedule.every_n_epochs,
-             "every_n_batches": self.schedule.every_n_batches, "on_mismatch": self.on_mismatch,
+            {"check_freq": self.schedule.every_n_batches or (  # or deprecated every_n_epochs=k
+                "epoch" if self.schedule.every_n_epochs == 1 else f"every_n_epochs={self.schedule.every_n_epochs}"),
+             "on_mismatch": self.on_mismatch,
              "sync_stats": self.sync_stats, "statistics": self.statistics,
              "check_on_train_begin": bool(self.check_on_train_begin)},
             type(self).__name__, self._gather_strategy(),
@@ -247,12 +252,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             logger.warning(_ws.one_replica_message(collective.num_workers()))
 
     def _gather_strategy(self) -> Any:
-        strategy = self.model.distribute_strategy
-        if collective.num_workers() == 1 or collective.spans_workers(strategy):
-            return strategy
-        from keras_mgpu_plugins import strategy as strategies  # the process's multi-worker one
-
-        return strategies.get_strategy("multi_worker")
+        # The model's strategy, or the process's multi-worker one (never created here).
+        return collective.workers_strategy(self.model.distribute_strategy)
 
 
 class _Tracked:

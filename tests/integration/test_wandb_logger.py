@@ -230,7 +230,7 @@ def test_device_metrics_logger_records_land_at_their_steps(wandb_dir, logger_fir
     from keras_mgpu_plugins.samplers import ScriptedSampler
 
     sampler = ScriptedSampler([{"GPU:0": {"memory_mb": 100.0 * (i + 1)}} for i in range(50)])
-    devices = module.DeviceMetricsLogger(log_every_n_batches=2, sampler=sampler, summary=False)
+    devices = module.DeviceMetricsLogger(log_freq=2, sampler=sampler, summary=False)
     logger = WandbLogger(project="kmp-test", log_freq=2)
     fit([logger, devices] if logger_first else [devices, logger])
     run = only_run(wandb_dir)

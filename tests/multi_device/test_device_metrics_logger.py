@@ -139,7 +139,7 @@ def test_two_logical_devices_divide_throughput_per_replica():
 def test_scripted_gpus_give_per_device_keys_and_peak_restarts_each_epoch():
     # one reading at the batch-2 record and one at each epoch's end
     sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
-    logger = DeviceMetricsLogger(log_every_n_batches=2, sample_interval=None, sampler=sampler, summary=False)
+    logger = DeviceMetricsLogger(log_freq=2, sample_interval=None, sampler=sampler, summary=False)
     history = fit([logger])
     assert (sampler.calls, sampler.resets) == (4, 2)
     assert history["device/GPU:0/memory_mb"] == [100.0, 120.0]  # at the epoch's end
@@ -231,7 +231,7 @@ def test_step_times_match_numpy_on_a_scripted_clock():
 def test_csv_file_has_a_row_per_record(tmp_path):
     path = tmp_path / "metrics.csv"
     sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
-    logger = DeviceMetricsLogger(log_every_n_batches=2, csv_path=str(path), sample_interval=None,
+    logger = DeviceMetricsLogger(log_freq=2, csv_path=str(path), sample_interval=None,
                                  sampler=sampler, summary=False)
     history = fit([logger])
     with open(path, newline="") as f:
@@ -262,7 +262,7 @@ def read_events(log_dir):
 
 def test_tensorboard_event_file_holds_each_record_at_its_global_step(tmp_path):
     sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
-    logger = DeviceMetricsLogger(log_every_n_batches=2, log_dir=str(tmp_path / "tb"), sample_interval=None,
+    logger = DeviceMetricsLogger(log_freq=2, log_dir=str(tmp_path / "tb"), sample_interval=None,
                                  sampler=sampler, summary=False)
     history = fit([logger])
     values = read_events(tmp_path / "tb")
@@ -272,7 +272,7 @@ def test_tensorboard_event_file_holds_each_record_at_its_global_step(tmp_path):
 
 def test_summary_table_is_printed_at_the_end(capsys):
     sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
-    fit([DeviceMetricsLogger(batch_size=BATCH, log_every_n_batches=2, sample_interval=None, sampler=sampler)])
+    fit([DeviceMetricsLogger(batch_size=BATCH, log_freq=2, sample_interval=None, sampler=sampler)])
     lines = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Device metrics over 2 epoch(s)"))
     assert "samples/s" in lines[start] and "per replica" in lines[start]
@@ -326,7 +326,7 @@ def test_events_carry_every_record():
     payloads = []
     events.subscribe(model, "device_metrics", payloads.append)
     sampler = two_gpus(memory=[300.0, 100.0, 150.0, 120.0], util=[40.0, 60.0, 10.0, 30.0])
-    history = fit([DeviceMetricsLogger(log_every_n_batches=2, sample_interval=None, sampler=sampler,
+    history = fit([DeviceMetricsLogger(log_freq=2, sample_interval=None, sampler=sampler,
                                        summary=False)], model=model)
     assert [(p["epoch"], p["batch"]) for p in payloads] == [(0, 2), (0, None), (1, 2), (1, None)]
     assert [p["metrics"]["device/GPU:0/memory_mb"] for p in payloads] == [300.0, 100.0, 150.0, 120.0]

@@ -189,3 +189,23 @@ def test_restore_best_weights_on_every_replica_to_the_bit():
     for variable in model.optimizer.variables:
         first, second = replica_values(variable, strategy)
         assert np.array_equal(first, second), variable.path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kerass_own_early_stopping_tests_pass_on_ours(monkeypatch):
+    """Keras's own test case (shipped with Keras), run with kmp's class in place of Keras's."""
+    import importlib
+    import io
+    import types
+    import unittest
+
+    try:
+        module = importlib.import_module("keras.src.callbacks.early_stopping_test")
+    except ImportError:
+        pytest.skip("this Keras ships without its tests")
+    monkeypatch.setattr(module, "callbacks", types.SimpleNamespace(EarlyStopping=EarlyStopping))
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(module.EarlyStoppingTest)
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(suite)
+    assert result.testsRun >= 5
+    assert result.wasSuccessful(), [str(e[1])[-1500:] for e in result.failures + result.errors]

@@ -137,7 +137,8 @@ def test_sync_stats_averages_statistics_over_replicas():
 
 def test_sync_stats_after_training_leaves_every_replica_equal():
     model = mirrored()
-    verifier = WeightSyncVerifier(sync_stats=True, every_n_epochs=2)
+    with pytest.warns(DeprecationWarning, match="every_n_epochs"):  # still honoured, one release
+        verifier = WeightSyncVerifier(sync_stats=True, every_n_epochs=2)
     fit(model, [verifier], epochs=3)  # epoch 3 is not a check: train end syncs
     assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 2", "train end"]
     assert all(r.mismatches == () for r in verifier.reports)
@@ -181,16 +182,16 @@ def test_drift_during_training_raises_at_the_next_check():
     model = mirrored()
     kernel = model.layers[0].kernel
     planter = AtEpochEnd(1, lambda m: nudge(m, kernel))  # listed first: runs before the check
-    verifier = WeightSyncVerifier(every_n_epochs=1)
+    verifier = WeightSyncVerifier(check_freq="epoch")
     with pytest.raises(kmp.WeightsOutOfSyncError, match="at end of epoch 2:"):
         fit(model, [planter, verifier], epochs=4)
     assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 1", "end of epoch 2"]
 
 
 @pytest.mark.parametrize("at_begin", [True, False])
-def test_every_n_batches_checks_at_those_steps(at_begin):
+def test_check_freq_in_batches_checks_at_those_steps(at_begin):
     model = mirrored()
-    verifier = WeightSyncVerifier(every_n_batches=3, check_on_train_begin=at_begin)
+    verifier = WeightSyncVerifier(check_freq=3, check_on_train_begin=at_begin)
     fit(model, [verifier], epochs=2)  # 4 steps per epoch
     assert [r.where for r in verifier.reports] == [
         "train begin"] * at_begin + ["epoch 1, step 3", "epoch 2, step 6"]
@@ -213,7 +214,7 @@ def test_resync_copies_the_chiefs_first_replica_and_goes_on(caplog):
     kernel = model.layers[0].kernel
     chief_value = copies(model, kernel)[0].numpy()
     nudge(model, kernel, by=0.5)
-    verifier = WeightSyncVerifier(on_mismatch="resync", every_n_epochs=1)
+    verifier = WeightSyncVerifier(on_mismatch="resync", check_freq="epoch")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         fit(model, [verifier], epochs=1, initial_epoch=1)
     np.testing.assert_array_equal(copies(model, kernel)[1].numpy(), chief_value)
@@ -225,7 +226,7 @@ def test_resync_copies_the_chiefs_first_replica_and_goes_on(caplog):
 
 def test_model_outside_any_strategy_says_one_replica_once(caplog):
     model = build_model()
-    verifier = WeightSyncVerifier(every_n_epochs=1)
+    verifier = WeightSyncVerifier(check_freq="epoch")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         fit(model, [verifier], epochs=2)
         fit(model, [verifier], epochs=1)
@@ -405,3 +406,20 @@ def test_a_failed_fit_leaves_no_listener_keeping_the_verifier_alive():
     gc.collect()
     assert ref() is None
     events.publish(model, "before_save", {"epoch": 0, "batch": None})  # a dead listener: no-op
+
+
+def test_never_creates_a_multi_worker_strategy_during_fit(monkeypatch):
+    """The environment names 2 workers, the model trains alone under "mirrored": the verifier
+    checks its replicas, and creates no multi-worker strategy mid-fit (it did, and failed)."""
+    import json
+
+    from keras_mgpu_plugins import strategy as strategies
+
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    model = mirrored()
+    verifier = WeightSyncVerifier()
+    fit(model, [verifier])
+    assert [r.where for r in verifier.reports] == ["train begin", "end of epoch 1"]
+    assert all(r.mismatches == () for r in verifier.reports)
+    assert not [key for key in strategies._strategies if key[0] == "multi_worker"]

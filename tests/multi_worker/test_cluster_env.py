@@ -144,3 +144,15 @@ def test_srun_variables_alone_train_two_workers(tmp_path):
               "SLURM_JOB_NODELIST": "localhost", "KMP_SLURM_PORT_BASE": str(base)}
     envs = [{**common, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)} for i in range(2)]
     check(run_workers(tmp_path, envs), "slurm")
+
+
+def test_fixed_ports_job_relaunched_at_once_trains_again(tmp_path):
+    """A requeue on the same TF_CONFIG ports: the first run's TIME_WAIT sockets do not block it."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
+            for i in range(2)]
+    first = run_workers(tmp_path, envs)
+    second = run_workers(tmp_path, envs)  # at once: failed with "Port ... is already in use"
+    assert [r["worker"] for r in second] == [0, 1]
+    assert second[0]["weights"] == first[0]["weights"] == second[1]["weights"]

@@ -51,10 +51,9 @@ def train_with_metrics(root):
         for k in range(4)
     ])
     out = os.path.join(root, f"worker{rank}")  # each worker is told its own place
-    chief = rank == 0  # worker 1 leaves out the plot and batch records: the chief's settings rule
     logger = DeviceMetricsLogger(  # no batch_size: each worker counts its rows
-        log_every_n_batches=2 if chief else None, csv_path=os.path.join(out, "metrics.csv"),
-        log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png") if chief else None,
+        log_freq=2, csv_path=os.path.join(out, "metrics.csv"),
+        log_dir=os.path.join(out, "tb"), plot=os.path.join(out, "devices.png"),
         sample_interval=None, sampler=sampler,
     )
     warnings = []
@@ -69,9 +68,15 @@ def train_with_metrics(root):
     with contextlib.redirect_stdout(printed):
         history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
                             callbacks=[logger])
+    differing = None
+    try:  # worker 1 leaves out the batch records: both workers raise, before any collective differs
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=[
+            DeviceMetricsLogger(log_freq=2 if rank == 0 else "epoch", summary=False)])
+    except kmp.collective.SettingsDifferError as err:
+        differing = str(err)
     files = sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs)
     return {"rank": rank, "history": history.history, "printed": printed.getvalue(), "files": files,
-            "warnings": [w for w in warnings if "differ from the chief's" in w],
+            "warnings": [w for w in warnings if "differ" in w], "differing": differing,
             "replicas": model.distribute_strategy.num_replicas_in_sync}
 
 
@@ -107,10 +112,13 @@ def test_every_worker_holds_the_same_gathered_record(run):
             assert other["history"][key] == values, key
 
 
-def test_a_worker_configured_otherwise_follows_the_chiefs_plot_and_batch_records(run):
+def test_a_worker_configured_otherwise_raises_settings_differ_on_every_worker(run):
     _, (chief, other) = run
-    assert chief["warnings"] == []
-    assert len(other["warnings"]) == 1 and "log_every_n_batches=None" in other["warnings"][0]
+    assert chief["warnings"] == other["warnings"] == []
+    assert "DeviceMetricsLogger must be created with the same arguments" in chief["differing"]
+    assert "log_freq (here 2; differs from the chief's on worker(s) 1)" in chief["differing"]
+    assert "log_freq (here 'epoch'; differs from the chief's on worker(s) 1)" in other["differing"]
+    assert "plot" not in chief["differing"].split("Differing:")[1]
 
 
 def test_only_the_chief_writes_files_and_prints(run):

@@ -147,7 +147,7 @@ def scenarios(directory):
 
     # 7. arguments that differ between workers: both raise before the first check
     try:
-        fit(kmp.parallelize(build_model)(), [WeightSyncVerifier(every_n_epochs=1 + rank)], epochs=1)
+        fit(kmp.parallelize(build_model)(), [WeightSyncVerifier(check_freq=("epoch", 2)[rank])], epochs=1)
         out["differing"] = None
     except collective.SettingsDifferError as err:
         out["differing"] = str(err)
@@ -256,7 +256,7 @@ def test_checkpoint_listed_first_saves_the_average_over_both_workers(results, ch
 def test_differing_arguments_raise_on_both_workers_at_train_begin(results):
     for rank, r in enumerate(results):
         assert r["differing"].endswith(
-            f"Differing: every_n_epochs (here {1 + rank}; differs from the chief's on worker(s) 1).")
+            f"Differing: check_freq (here {('epoch', 2)[rank]!r}; differs from the chief's on worker(s) 1).")
         assert r["differing"].startswith("WeightSyncVerifier must be created with the same arguments")
 
 

@@ -467,8 +467,10 @@ def test_record_sinks_write_each_record_to_the_files_asked_for(tmp_path):
     "kwargs, message",
     [
         ({"batch_size": 0}, "Received: batch_size=0"),
-        ({"log_every_n_batches": -2}, "Received: log_every_n_batches=-2"),
-        ({"log_every_n_batches": True}, "Received: log_every_n_batches=True"),
+        ({"log_freq": -2}, "Received: log_freq=-2"),
+        ({"log_freq": True}, "Received: log_freq=True"),
+        ({"log_freq": "batch"}, 'log_freq must be "epoch" or a positive integer'),
+        ({"log_freq": 2, "log_every_n_batches": 2}, "pass log_freq only"),
         ({"sample_interval": 0}, "Received: sample_interval=0"),
         ({"progbar": "some"}, "Received: progbar='some'"),
     ],
@@ -478,6 +480,16 @@ def test_arguments_are_checked_at_construction(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         DeviceMetricsLogger(**kwargs)
+
+
+def test_log_every_n_batches_is_the_deprecated_name_of_log_freq():
+    from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
+
+    assert DeviceMetricsLogger().log_freq == "epoch"
+    with pytest.warns(DeprecationWarning, match=r"log_every_n_batches=...\) is deprecated.*log_freq"):
+        assert DeviceMetricsLogger(log_every_n_batches=3).log_freq == 3
+    with pytest.warns(DeprecationWarning):
+        assert DeviceMetricsLogger(log_every_n_batches=None).log_freq == "epoch"
 
 
 def test_sampler_must_implement_the_interface():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -11,6 +12,7 @@ from keras_mgpu_plugins.topology import (
     TopologyError,
     expand_hostlist,
     expand_tasks_per_node,
+    gpus_from_env,
     topology_from_env,
 )
 
@@ -81,6 +83,17 @@ def test_malformed_tf_config_names_the_bad_field(raw, fragment):
     with pytest.raises(TopologyError) as info:
         topology_from_env({"TF_CONFIG": raw})
     assert fragment in str(info.value)
+
+
+def test_parameter_server_refusal_says_keras_refuses_it_and_what_to_use():
+    raw = json.dumps({"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}})
+    with pytest.raises(TopologyError) as info:
+        topology_from_env({"TF_CONFIG": raw})
+    message = str(info.value)
+    assert "keras-team/keras#18624" in message and "refuses ParameterServerStrategy" in message
+    assert 'remove the "ps" tasks' in message and "MultiWorkerMirroredStrategy" in message
+    assert "pass it as parallelize(strategy=" not in message  # the old, useless advice
+    assert "ps=['p:1']" in message
 
 
 def test_tf_config_takes_precedence_over_slurm():
@@ -184,3 +197,44 @@ def test_topology_reads_environment_at_call_time(monkeypatch):
     topo = kmp.topology()
     assert (topo.num_workers, topo.worker_index, topo.is_chief) == (2, 1, False)
     assert topo.local_devices == ("CPU:0", "CPU:1")  # split by tests/conftest.py
+
+
+@pytest.mark.parametrize(
+    "env, driver, want",
+    [
+        ({}, False, 0),  # no driver: no GPU, whatever CUDA_VISIBLE_DEVICES says
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, False, 0),
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, True, 2),
+        ({"CUDA_VISIBLE_DEVICES": "1"}, None, 1),
+        ({"CUDA_VISIBLE_DEVICES": ""}, True, 0),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, True, 0),
+        ({"CUDA_VISIBLE_DEVICES": "0,-1,1"}, True, 1),  # CUDA stops at the first invalid entry
+        ({}, True, None),  # a driver and no CUDA_VISIBLE_DEVICES: TensorFlow must say
+        ({}, None, None),
+    ],
+)
+def test_gpus_from_env(env, driver, want):
+    assert gpus_from_env(env, driver) == want
+
+
+@pytest.mark.parametrize("visible", [None, "", "0,1"])
+def test_topology_does_not_import_tensorflow_where_the_environment_answers(visible):
+    """A fresh process: `kmp.topology()` leaves TensorFlow unimported (it costs seconds)."""
+    import subprocess
+    import sys
+
+    from keras_mgpu_plugins._local_devices import _has_gpu_driver
+
+    driver = _has_gpu_driver()
+    if visible is None and driver is not False:
+        pytest.skip("a GPU driver is present: without CUDA_VISIBLE_DEVICES, TensorFlow must say")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    code = ("import sys, json; import keras_mgpu_plugins as kmp; t = kmp.topology(); "
+            "print(json.dumps(['tensorflow' in sys.modules, list(t.local_devices)]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()[-1]
+    imported, devices = json.loads(out)
+    assert not imported
+    assert devices == (["GPU:0", "GPU:1"] if visible == "0,1" and driver is not False else ["CPU:0"])

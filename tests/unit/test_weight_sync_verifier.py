@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 
 import numpy as np
 import pytest
@@ -195,11 +196,11 @@ def test_mismatch_record_describes_itself():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"every_n_batches": 0}, "Received: every_n_batches=0"),
-        ({"every_n_batches": -3}, "Received: every_n_batches=-3"),
-        ({"every_n_epochs": 0}, "Received: every_n_epochs=0"),
-        ({"every_n_epochs": 1.5}, "Received: every_n_epochs=1.5"),
-        ({"every_n_epochs": 2, "every_n_batches": 10}, "not both. Received: every_n_epochs=2"),
+        ({"check_freq": 0}, "Received: check_freq=0"),
+        ({"check_freq": -3}, "Received: check_freq=-3"),
+        ({"check_freq": "batch"}, "check_freq must be \"epoch\" or a positive integer"),
+        ({"check_freq": True}, "Received: check_freq=True"),
+        ({"check_freq": 3, "every_n_batches": 3}, "pass check_freq only"),
         ({"on_mismatch": "ignore"}, "Received: on_mismatch='ignore'"),
     ],
 )
@@ -214,9 +215,33 @@ def test_defaults_and_batch_hook_only_when_asked():
     assert default.on_mismatch == "raise" and not default.sync_stats
     # Keras dispatches batch hooks asynchronously only while they carry its default mark
     assert getattr(default.on_train_batch_end, "_is_default", False)
-    batched = WeightSyncVerifier(every_n_batches=5)
+    batched = WeightSyncVerifier(check_freq=5)
     assert not getattr(batched.on_train_batch_end, "_is_default", False)
-    assert batched.schedule.every_n_epochs is None
+    assert batched.schedule.every_n_epochs is None and batched.schedule.every_n_batches == 5
+    assert (default.check_freq, batched.check_freq) == ("epoch", 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"every_n_batches": 0}, "Received: every_n_batches=0"),
+        ({"every_n_epochs": 1.5}, "Received: every_n_epochs=1.5"),
+        ({"every_n_epochs": 2, "every_n_batches": 10}, "not both. Received: every_n_epochs=2"),
+    ],
+)
+def test_deprecated_intervals_are_still_checked(kwargs, message):
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=message):
+        WeightSyncVerifier(**kwargs)
+
+
+def test_deprecated_intervals_warn_and_still_work():
+    with pytest.warns(DeprecationWarning, match=r"every_n_batches=...\) is deprecated.*check_freq"):
+        batched = WeightSyncVerifier(every_n_batches=4)
+    assert batched.schedule.every_n_batches == 4 and batched.check_freq == 4
+    assert not getattr(batched.on_train_batch_end, "_is_default", False)
+    with pytest.warns(DeprecationWarning, match=r"every_n_epochs=...\) is deprecated"):
+        epochs = WeightSyncVerifier(every_n_epochs=3)
+    assert epochs.schedule.every_n_epochs == 3 and epochs.schedule.every_n_batches is None
 
 
 def test_messages_name_the_first_twenty_variables():
@@ -252,7 +277,12 @@ def test_pure_logic_imports_no_keras_and_public_names_stay_importable():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported == {"__future__", "dataclasses", "collections", "numpy"}
+    assert imported == {"__future__", "dataclasses", "collections", "typing", "numpy", "keras_mgpu_plugins"}
+    ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module and node.module.startswith("keras_mgpu_plugins")}
+    assert ours == {"keras_mgpu_plugins.callbacks._freq"}  # the frequency parser: no Keras either
+    freq = ast.parse(inspect.getsource(sys.modules["keras_mgpu_plugins.callbacks._freq"]))
+    assert {a.name for n in ast.walk(freq) if isinstance(n, ast.Import) for a in n.names} == {"warnings"}
     for name in ("VariableMismatch", "SyncReport", "differing_copies", "classify", "CheckSchedule",
                  "DEFAULT_STATISTICS", "RNG_STATES", "ON_MISMATCH", "MAX_REPORTS", "MAX_LINES"):
         assert getattr(weight_sync_verifier, name) is getattr(_weight_sync, name), name
