@@ -23,6 +23,7 @@ def parallelize(
     strategy: Any = "auto",
     devices: Sequence[str] | None = None,
     require_compiled: bool = True,
+    sync_batchnorm: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -32,6 +33,7 @@ def parallelize(
     strategy: Any = "auto",
     devices: Sequence[str] | None = None,
     require_compiled: bool = True,
+    sync_batchnorm: bool = False,
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -57,6 +59,11 @@ def parallelize(
         require_compiled: Raise if the factory returns an uncompiled model
             under a distributing strategy (its optimizer must be created in
             the scope).
+        sync_batchnorm: Make every `BatchNormalization` in the model compute
+            its batch statistics over the global batch (all replicas and
+            workers: Keras's `synchronized=True`), so several devices train
+            as one device on the global batch. Default `False`: Keras's
+            per-replica statistics (each replica normalises its own share).
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -76,6 +83,9 @@ def parallelize(
         ...     return model
         >>> model = build_model(units=32)   # built and compiled under the strategy
     """
+    if not isinstance(sync_batchnorm, bool):
+        raise TypeError(f"sync_batchnorm must be True or False. Received: "
+                        f"sync_batchnorm={sync_batchnorm!r}")
     if factory is not None and not callable(factory):
         raise TypeError(
             "parallelize takes a model factory (a callable) or keyword arguments. "
@@ -97,9 +107,12 @@ def parallelize(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             active = _strategy.get_strategy(strategy, devices)
+            _patch_if_distributing(active)
             with active.scope():
                 model = fn(*args, **kwargs)
             _check_model(fn, model, active, require_compiled)
+            if sync_batchnorm:
+                _synchronize_batchnorm(model)
             return model
 
         wrapper.strategy = lambda: _strategy.get_strategy(strategy, devices)  # type: ignore[attr-defined]
@@ -127,3 +140,23 @@ def _check_model(fn: Callable[..., Any], model: Any, active: Any, require_compil
             "objects'), or pass @parallelize(require_compiled=False) and compile inside "
             "`with model.distribute_strategy.scope():`."
         )
+
+
+def _patch_if_distributing(active: Any) -> None:
+    """Applies `kmp.compat.patch_keras()` for any strategy that spans replicas or workers."""
+    from keras_mgpu_plugins import compat
+
+    if compat.distributing(active):
+        compat.patch_keras()
+
+
+def _synchronize_batchnorm(model: Any) -> None:
+    """Sets Keras's `synchronized=True` on every BatchNormalization, then rebuilds the steps."""
+    import keras
+
+    from keras_mgpu_plugins import compat
+
+    for layer in compat.all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+    model.train_function = model.test_function = model.predict_function = None
