@@ -116,6 +116,9 @@ def _patch_symbolic_build() -> Any:
         if self._distribute_strategy is None:
             return
         strategy = self.distribute_strategy
+        peeked = _peeked_generator_batch(iterator)
+        if peeked is not None:
+            data_batch, iterator = peeked, None
         if iterator is not None:
             # Keras 3.5-3.6 yield (step, it) from enumerate_epoch(); 3.7-3.10 (step, it)
             # from the iterator; 3.11+ (begin, end, it).
@@ -135,6 +138,20 @@ def _patch_symbolic_build() -> Any:
 
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+
+
+def _peeked_generator_batch(iterator: Any) -> Any:
+    """The first batch Keras peeked from a Python generator, or `None` for other inputs.
+
+    Drawing it from a fresh iterator instead (then resetting) would lose the batches
+    tf.data's prefetch pulled from the generator meanwhile, a timing-dependent number:
+    workers would then train on halves of different global batches.
+    """
+    adapter = getattr(iterator, "data_adapter", None)
+    if type(adapter).__name__ != "GeneratorDataAdapter":
+        return None
+    first = getattr(adapter, "_first_batches", None)
+    return first[0] if first else None
 
 
 # --- keras-team/keras#20585 (2/2): scalar logs reduced with axis=0 -----------------

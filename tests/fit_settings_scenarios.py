@@ -193,3 +193,50 @@ def refused_settings(strategy):
 def assert_close(got, want, atol=1e-5):
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=atol)
+
+
+def input_types_run(strategy):
+    """A Python generator (steps_per_epoch shorter than it), a PyDataset with workers, dict
+    inputs to a two-input, two-output model: the weights after each, and the rows trained on."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    x, y = make_data(64)
+
+    def cycle():
+        while True:
+            for i in range(0, 64, 16):
+                yield x[i:i + 16], y[i:i + 16]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return x[16 * i:16 * i + 16], y[16 * i:16 * i + 16]
+
+    runs = {}
+    model = kmp.parallelize(strategy=strategy)(model_factory())()
+    model.fit(cycle(), steps_per_epoch=3, epochs=2, verbose=0)  # the epoch ends mid-generator
+    runs["generator"] = model.get_weights()
+    model = kmp.parallelize(strategy=strategy)(model_factory())()
+    model.fit(Batches(workers=2), epochs=2, verbose=0, shuffle=False)
+    runs["py_dataset"] = model.get_weights()
+
+    def two_in_two_out():
+        a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+        h = keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(5))(
+            keras.layers.Concatenate()([a, b]))
+        out1 = keras.layers.Dense(1, name="out1", kernel_initializer=keras.initializers.GlorotUniform(6))(h)
+        out2 = keras.layers.Dense(1, name="out2", kernel_initializer=keras.initializers.GlorotUniform(7))(h)
+        model = keras.Model({"a": a, "b": b}, {"out1": out1, "out2": out2})
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss={"out1": "mse", "out2": "mae"})
+        return model
+
+    model = kmp.parallelize(strategy=strategy)(two_in_two_out)()
+    history = model.fit({"a": x[:, :3], "b": x[:, 3:]}, {"out1": y, "out2": -y}, batch_size=16,
+                        epochs=2, shuffle=False, verbose=0)
+    runs["dict_multi_io"] = model.get_weights()
+    runs["dict_multi_io_history"] = history.history
+    return runs

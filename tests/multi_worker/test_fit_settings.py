@@ -22,6 +22,7 @@ def on_each_worker():
         "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, **LOUD),
         "habits": s.keras_habits_run("auto"),
         "refused": s.refused_settings("auto"),
+        "inputs": s.input_types_run("auto"),
     }
 
 
@@ -85,3 +86,14 @@ def test_refused_settings_name_the_multi_worker_strategy(workers):
         assert "jit_compile=True" in got["refused"]["jit_compile"]
         assert "MultiWorkerMirroredStrategy" in got["refused"]["jit_compile"]
         assert "gradient_accumulation_steps=2" in got["refused"]["gradient_accumulation_steps"]
+
+
+def test_input_types_train_as_one_process_on_the_same_global_batches(workers):
+    """A generator whose epoch ends mid-way used to leave the workers on different batches
+    (7.4e-3 off one process): each worker runs its own copy and keeps its half of each batch."""
+    one = s.input_types_run("default")
+    for got in workers:
+        for key in ("generator", "py_dataset", "dict_multi_io"):
+            s.assert_close(got["inputs"][key], one[key])
+        for key, values in one["dict_multi_io_history"].items():
+            np.testing.assert_allclose(got["inputs"]["dict_multi_io_history"][key], values, atol=1e-5)
