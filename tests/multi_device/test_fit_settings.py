@@ -90,6 +90,15 @@ def test_mixed_precision_overflow_on_one_replica_skips_the_step_on_every_replica
     np.testing.assert_allclose(two["history"]["loss"], one["history"]["loss"], rtol=1e-4)
 
 
+def test_mixed_precision_with_steps_per_execution_and_batch_hooks():
+    one = s.mixed_precision_run("default", steps_per_execution=4, batch_hooks=True, **LOUD)
+    two = s.mixed_precision_run("mirrored", steps_per_execution=4, batch_hooks=True, **LOUD)
+    assert two["scale"] == one["scale"] < 32768.0
+    np.testing.assert_allclose(two["history"]["loss"], one["history"]["loss"], rtol=1e-4)
+    assert two["train_batches"] == one["train_batches"] == [3, 7] * 3
+    assert two["saved"] == one["saved"] and one["saved"]
+
+
 def test_mixed_precision_overflow_on_one_replica_gives_nan_without_the_patch(unpatched):
     broken = s.mixed_precision_run("mirrored", **LOUD)
     assert np.isnan(broken["history"]["loss"][-1])
@@ -120,10 +129,10 @@ def test_settings_kmp_cannot_make_equivalent_are_refused_by_name():
     assert s.refused_settings("default") == {"jit_compile": None, "gradient_accumulation_steps": None}
 
 
-def test_input_types_train_as_one_device():
-    one, two = s.input_types_run("default"), s.input_types_run("mirrored")
-    for key in ("generator", "py_dataset", "dict_multi_io"):
-        s.assert_close(two[key], one[key])
+def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_device():
+    kinds = ("dict_multi_io",)
+    one, two = s.input_types_run("default", kinds), s.input_types_run("mirrored", kinds)
+    s.assert_close(two["dict_multi_io"], one["dict_multi_io"])
     for key, values in one["dict_multi_io_history"].items():
         np.testing.assert_allclose(two["dict_multi_io_history"][key], values, atol=1e-5)
 
@@ -149,3 +158,22 @@ def test_symbolic_build_draws_nothing_from_a_python_generator():
     before = list(pulled)  # Keras peeks the first batches for their signature
     model._maybe_symbolic_build(iterator=iterator)
     assert model.built and before and pulled == before
+
+
+def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given():
+    import keras_mgpu_plugins as kmp
+
+    given = kmp.parallelize(strategy="mirrored")(s.model_factory()).strategy()  # an instance
+    for strategy in ("mirrored", given):
+        compat.unpatch_keras()
+        try:
+            kmp.parallelize(strategy=strategy)(s.model_factory())()
+            assert set(compat._applied) == {p.name for p in compat.PATCHES}
+        finally:
+            compat.patch_keras()
+    compat.unpatch_keras()
+    try:
+        kmp.parallelize(strategy="default")(s.model_factory())()
+        assert compat._applied == {}  # one device: Keras as released
+    finally:
+        compat.patch_keras()

@@ -19,10 +19,10 @@ def on_each_worker():
     return {
         "steps_per_execution": s.steps_per_execution_run("auto"),
         "sync_batchnorm": s.sync_batchnorm_run("auto", sync=True),
-        "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, **LOUD),
+        "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, batch_hooks=True, **LOUD),
         "habits": s.keras_habits_run("auto"),
         "refused": s.refused_settings("auto"),
-        "inputs": s.input_types_run("auto"),
+        "inputs": s.input_types_run("auto", ("dict_multi_io",)),
     }
 
 
@@ -63,10 +63,12 @@ def test_sync_batchnorm_matches_one_device_on_the_global_batch(workers):
     s.assert_close(workers[0]["sync_batchnorm"]["weights"], one["weights"])
 
 
-def test_mixed_precision_with_steps_per_execution_skips_overflows_like_one_device(workers):
-    one = s.mixed_precision_run("default", steps_per_execution=4, **LOUD)
+def test_mixed_precision_with_steps_per_execution_and_batch_hooks_like_one_device(workers):
+    one = s.mixed_precision_run("default", steps_per_execution=4, batch_hooks=True, **LOUD)
     run = workers[0]["mixed_spe"]
     assert run["scale"] == one["scale"] < 32768.0
+    assert run["train_batches"] == one["train_batches"] == [3, 7] * 3
+    assert run["saved"] == one["saved"] and one["saved"]
     np.testing.assert_allclose(run["history"]["loss"], one["history"]["loss"], rtol=1e-4)
 
 
@@ -88,12 +90,9 @@ def test_refused_settings_name_the_multi_worker_strategy(workers):
         assert "gradient_accumulation_steps=2" in got["refused"]["gradient_accumulation_steps"]
 
 
-def test_input_types_train_as_one_process_on_the_same_global_batches(workers):
-    """A generator whose epoch ends mid-way used to leave the workers on different batches
-    (7.4e-3 off one process): each worker runs its own copy and keeps its half of each batch."""
-    one = s.input_types_run("default")
+def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_process(workers):
+    one = s.input_types_run("default", ("dict_multi_io",))
     for got in workers:
-        for key in ("generator", "py_dataset", "dict_multi_io"):
-            s.assert_close(got["inputs"][key], one[key])
+        s.assert_close(got["inputs"]["dict_multi_io"], one["dict_multi_io"])
         for key, values in one["dict_multi_io_history"].items():
             np.testing.assert_allclose(got["inputs"]["dict_multi_io_history"][key], values, atol=1e-5)
