@@ -248,12 +248,16 @@ def bench_checkpoint(repeats: int, epochs: int, width: int, steps: int = 4) -> l
 def bench_workers(repeats: int, steps: int) -> list[dict]:
     import workers_throughput
 
-    r = workers_throughput.measure(repeats=repeats, steps=steps)
-    name = "1 vs 2 workers on localhost (kmp.launch, global batch 256)"
-    return [row(name, "1 worker", r["samples_per_sec_1"], "samples/s"),
-            row(name, "2 workers", r["samples_per_sec_2"], "samples/s", f"{r['replicas_2']} replicas"),
-            row(name, "ratio 2 workers / 1 worker", r["ratio"], "x",
-                f"{os.cpu_count()} CPU cores shared by the workers")]
+    rows = []
+    for n in (1, 16):  # steps_per_execution
+        r = workers_throughput.measure(repeats=repeats, steps=steps, steps_per_execution=n)
+        name = f"1 vs 2 workers on localhost (kmp.launch, global batch 256, steps_per_execution={n})"
+        rows += [row(name, "1 worker", r["samples_per_sec_1"], "samples/s"),
+                 row(name, "2 workers", r["samples_per_sec_2"], "samples/s",
+                     f"{r['replicas_2']} replicas"),
+                 row(name, "ratio 2 workers / 1 worker", r["ratio"], "x",
+                     f"{os.cpu_count()} CPU cores shared by the workers")]
+    return rows
 
 
 BENCHMARKS = (

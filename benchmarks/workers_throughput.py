@@ -5,13 +5,15 @@ Runs the same training job (same model, same global batch) in 1 worker, then in
 a fresh process talking to the other through TensorFlow's gRPC collectives.
 Inside each job, after a warm-up fit (tracing), `--repeats` fits are timed; a
 job's throughput is the chief's median of global samples per second. Prints
-both and their ratio (2 workers / 1 worker), measured in this one run.
+both and their ratio (2 workers / 1 worker), measured in this one run, for each
+`--steps-per-execution` (default 1 and 16: fewer host round trips per step).
 
 On one machine the two workers share its CPU cores (and GPUs), so this measures
 what the gradient all-reduce between processes costs, not a speed-up: on
 separate machines each worker brings its own devices.
 
     python benchmarks/workers_throughput.py [--quick] [--repeats 5] [--steps 40]
+        [--steps-per-execution 1 16]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 FEATURES = 64
 
 
-def train_job(steps: int, repeats: int, batch: int, width: int) -> dict:
+def train_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int = 1) -> dict:
     """One worker's part: returns its median global samples/s over `repeats` fits."""
     import keras
     import numpy as np
@@ -42,7 +44,7 @@ def train_job(steps: int, repeats: int, batch: int, width: int) -> dict:
             keras.layers.Dense(width, activation="relu"),
             keras.layers.Dense(10),
         ])
-        model.compile(optimizer="adam",
+        model.compile(optimizer="adam", steps_per_execution=steps_per_execution,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
@@ -64,7 +66,7 @@ def train_job(steps: int, repeats: int, batch: int, width: int) -> dict:
 
 
 def measure(repeats: int = 5, steps: int = 40, batch: int = 256, width: int = 512,
-            timeout: float = 600) -> dict:
+            timeout: float = 600, steps_per_execution: int = 1) -> dict:
     """Runs the job on 1 then 2 local workers.
 
     Returns:
@@ -73,7 +75,7 @@ def measure(repeats: int = 5, steps: int = 40, batch: int = 256, width: int = 51
     """
     import keras_mgpu_plugins as kmp
 
-    args = (steps, repeats, batch, width)
+    args = (steps, repeats, batch, width, steps_per_execution)
     one = kmp.launch(train_job, num_workers=1, args=args, timeout=timeout)[0]
     two = kmp.launch(train_job, num_workers=2, args=args, timeout=timeout)
     chief = next(r for r in two if r["worker"] == 0)
@@ -90,13 +92,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps")
     parser.add_argument("--repeats", type=int, default=5, help="timed fits per job")
     parser.add_argument("--steps", type=int, default=40, help="steps per fit")
+    parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
     repeats, steps = (3, 20) if args.quick else (args.repeats, args.steps)
-    result = measure(repeats=repeats, steps=steps)
     print(f"global batch 256, {steps} steps x {repeats} timed fits per job, {os.cpu_count()} CPU cores")
-    print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s")
-    print(f"  2 workers   {result['samples_per_sec_2']:10.0f} samples/s ({result['replicas_2']} replicas)")
-    print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f}")
+    for n in args.steps_per_execution:
+        result = measure(repeats=repeats, steps=steps, steps_per_execution=n)
+        print(f"steps_per_execution={n}")
+        print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s")
+        print(f"  2 workers   {result['samples_per_sec_2']:10.0f} samples/s ({result['replicas_2']} replicas)")
+        print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f}")
 
 
 if __name__ == "__main__":

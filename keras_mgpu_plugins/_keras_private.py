@@ -238,6 +238,15 @@ def _check_loss_tracker() -> list[str]:
     return problems
 
 
+def _check_flatten_layers() -> list[str]:
+    import keras
+
+    fn = getattr(keras.layers.Layer, "_flatten_layers", None)
+    if fn is None or "include_self" not in _params(fn):
+        return ["keras.layers.Layer._flatten_layers(include_self=...) is missing"]
+    return []
+
+
 _MAX = "3.16.0"
 PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("model_checkpoint_hooks", "ModelCheckpoint._save_model (overridden), "
@@ -270,6 +279,11 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "train_step", "kmp.callbacks.DeviceMetricsLogger and WandbLogger (batch sizes)",
                "3.2.0", _MAX, _check_loss_tracker, "Rows are not measured: pass batch_size= to "
                "DeviceMetricsLogger; WandbLogger records no measured batch size.", fallback=True),
+)
+PRIVATE_USES += (
+    PrivateUse("flatten_layers", "Layer._flatten_layers (every nested layer, custom layers' "
+               "attributes included)", "kmp.parallelize(sync_batchnorm=True)", "3.0.0", _MAX,
+               _check_flatten_layers, "Use BatchNormalization(synchronized=True) in the factory."),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 

@@ -41,8 +41,9 @@ from keras_mgpu_plugins._keras_private import (
 
 __all__ = [
     "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES",
-    "PRIVATE_USES", "ArchiveNames", "Patch", "PrivateUse", "archive_names",
-    "check_keras_for_distribution", "check_private_uses", "hide_from_progbar",
+    "PRIVATE_USES", "ArchiveNames", "all_layers", "Patch", "PrivateUse", "archive_names",
+    "check_keras_for_distribution", "check_private_uses", "distributing",
+    "refuse_unsupported_settings", "hide_from_progbar",
     "keras_print_msg", "keras_version", "local_replica_values", "loss_tracker_rows",
     "open_assets_store", "open_h5_store", "h5_store_class", "patch_keras", "require",
     "resolve_monitor_op", "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
@@ -115,6 +116,9 @@ def _patch_symbolic_build() -> Any:
         if self._distribute_strategy is None:
             return
         strategy = self.distribute_strategy
+        peeked = _peeked_generator_batch(iterator)
+        if peeked is not None:
+            data_batch, iterator = peeked, None
         if iterator is not None:
             # Keras 3.5-3.6 yield (step, it) from enumerate_epoch(); 3.7-3.10 (step, it)
             # from the iterator; 3.11+ (begin, end, it).
@@ -134,6 +138,20 @@ def _patch_symbolic_build() -> Any:
 
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+
+
+def _peeked_generator_batch(iterator: Any) -> Any:
+    """The first batch Keras peeked from a Python generator, or `None` for other inputs.
+
+    Drawing it from a fresh iterator instead (then resetting) would lose the batches
+    tf.data's prefetch pulled from the generator meanwhile, a timing-dependent number:
+    workers would then train on halves of different global batches.
+    """
+    adapter = getattr(iterator, "data_adapter", None)
+    if type(adapter).__name__ != "GeneratorDataAdapter":
+        return None
+    first = getattr(adapter, "_first_batches", None)
+    return first[0] if first else None
 
 
 # --- keras-team/keras#20585 (2/2): scalar logs reduced with axis=0 -----------------
@@ -178,6 +196,193 @@ def _reduce_per_replica_uses_axis_0() -> bool | None:
     return _source_has(tf_trainer.reduce_per_replica, 'strategy.reduce("MEAN", v, axis=0)')
 
 
+# --- keras-team/keras#19246: steps_per_execution > 1 under a distributing strategy -----
+
+
+def distributing(strategy: Any) -> bool:
+    """Whether `strategy` spans several replicas or workers (its steps hold collectives)."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return strategy.num_replicas_in_sync > 1 or tf_trainer._collective_all_reduce_multi_worker(
+        strategy)
+
+
+def strategy_name(strategy: Any) -> str:
+    """The public name of `strategy`'s class (TensorFlow's multi-worker class is named otherwise)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
+def refuse_unsupported_settings(model: Any) -> None:
+    """Raises for a compile setting that would not train as on one device under distribution.
+
+    Called when `fit`/`evaluate` build their step function (the first call after
+    `compile`) under a strategy that spans replicas or workers.
+
+    Raises:
+        ValueError: For `jit_compile=True` (XLA would compile the whole
+            multi-replica function: a TensorFlow error on CPU devices, and
+            Keras's own `"auto"` turns XLA off under tf.distribute) and for an
+            optimizer with `gradient_accumulation_steps` (its all-reduce runs
+            inside a `cond`: "merge_call called while defining a new graph").
+    """
+    strategy = strategy_name(model.distribute_strategy)
+    if getattr(model, "_jit_compile", None) is True:
+        raise ValueError(
+            f"compile(jit_compile=True) is not supported under {strategy}: XLA would compile "
+            "the whole multi-replica step (TensorFlow fails: 'Trying to access resource ... "
+            "located in device'). Received: jit_compile=True. Use jit_compile='auto' (Keras "
+            "turns XLA off under tf.distribute) or jit_compile=False."
+        )
+    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            f"An optimizer with gradient_accumulation_steps={steps} is not supported under "
+            f"{strategy}: Keras all-reduces the gradients inside the accumulation's cond "
+            "('merge_call called while defining a new graph'). Use "
+            f"gradient_accumulation_steps=None with a {steps}x larger global batch size "
+            "(several devices or workers already give a larger batch per update)."
+        )
+
+
+def _patch_steps_per_execution() -> Any:
+    """`steps_per_execution > 1` fails under MirroredStrategy and MultiWorkerMirroredStrategy.
+
+    Upstream's `multi_step_on_iterator` runs each step inside a `tf.cond` (guarding
+    against an exhausted iterator) inside its `tf.while_loop`. `strategy.run` in
+    that cond branch leaves an uncaptured placeholder: "You must feed a value for
+    placeholder tensor 'while/cond/Placeholder_1'". The loop's own condition
+    already checks that the next input exists and that fewer than N steps ran,
+    so under a distributing strategy the step runs unconditionally in the loop
+    body; only fetching the next input stays in a `tf.cond` (it must not consume
+    a batch beyond the N-th). Other strategies keep upstream's function.
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.TensorFlowTrainer._make_function
+
+    def _make_function(self, step_function):
+        if not distributing(self.distribute_strategy):
+            return original(self, step_function)
+        refuse_unsupported_settings(self)
+        if self.run_eagerly or self.steps_per_execution == 1:
+            return original(self, step_function)
+        if getattr(self, "unrolled_steps_per_execution", 1) != 1:
+            raise ValueError(
+                "unrolled_steps_per_execution > 1 is not supported by keras_mgpu_plugins "
+                f"under {strategy_name(self.distribute_strategy)} "
+                "(keras-team/keras#19246). Received: "
+                f"unrolled_steps_per_execution={self.unrolled_steps_per_execution}; "
+                "leave it at 1 (steps_per_execution works)."
+            )
+        strategy = self.distribute_strategy
+
+        def one_step_on_data(data):
+            outputs = strategy.run(step_function, args=(data,))
+            return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+        one_step = getattr(self, "_autoconvert_optionals", lambda f: f)(
+            tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile))
+
+        def multi_step_on_iterator(iterator):
+            n = self.steps_per_execution
+            empty = tf.experimental.Optional.empty(None)  # spec set while tracing the body
+
+            def cond(step, outputs, inputs):
+                return tf.logical_and(tf.less(step, n), inputs.has_value())
+
+            def body(step, outputs, inputs):
+                new = tf.experimental.Optional.from_value(one_step(inputs.get_value()))
+                empty._element_spec = new.element_spec
+                following = tf.cond(tf.less(step + 1, n), iterator.get_next_as_optional,
+                                    lambda: inputs)
+                return step + 1, new, following
+
+            _, final, _ = tf.while_loop(
+                cond, body, [tf.constant(0), empty, iterator.get_next_as_optional()])
+            final._element_spec = empty.element_spec
+            return final
+
+        multi_step = tf.function(tf.autograph.experimental.do_not_convert(multi_step_on_iterator),
+                                 reduce_retracing=True)
+
+        def function(iterator):
+            if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                outputs = multi_step(iterator)
+                if not outputs.has_value():
+                    raise StopIteration
+                return outputs.get_value()
+            for _, data in zip(range(self.steps_per_execution), iterator, strict=False):
+                outputs = one_step(data)
+            return outputs
+
+        return function
+
+    tf_trainer.TensorFlowTrainer._make_function = _make_function
+    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_make_function", original)
+
+
+def _multi_step_conds_the_step() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return _source_has(tf_trainer.TensorFlowTrainer._make_function, "tf.cond(", "has_next",
+                       "one_step_on_data(next_optional_inputs.get_value())")
+
+
+# --- mixed precision: the loss scale's finiteness is one replica's, not the global batch's ---
+
+
+def _patch_loss_scale_finiteness() -> Any:
+    """`LossScaleOptimizer` decides "skip this step" on one replica's local gradients.
+
+    Under tf.distribute Keras's `_tf_apply` checks `isfinite` on the gradients
+    before they are all-reduced and takes the first local replica's answer
+    ("each replica computed the same value, since grads is all-reduced": they
+    are not yet). When another replica overflowed, its inf/NaN gradients are
+    all-reduced into every update, and the loss scale collapses; on several
+    workers, each takes its own first replica's answer. One device skips the
+    step whenever the global batch's gradient overflows. The fix agrees across
+    every replica and worker first (one scalar all-reduce) and, if any replica
+    overflowed, makes every replica's gradients NaN, so each skips the step
+    and halves the scale as one device does. Finite gradients pass unchanged.
+    """
+    import tensorflow as tf
+    from keras.src.optimizers import loss_scale_optimizer as lso
+
+    original = lso.LossScaleOptimizer._tf_apply
+
+    def _tf_apply(self, grads, trainable_variables=None):
+        context = tf.distribute.get_replica_context()
+        if context is None or not distributing(tf.distribute.get_strategy()):
+            return original(self, grads, trainable_variables)
+        local_bad = tf.cast(tf.logical_not(self.check_finite(grads)), tf.float32)
+        finite = tf.equal(context.all_reduce("SUM", local_bad), 0.0)
+
+        def poison(g):
+            if g is None:
+                return g
+            if isinstance(g, tf.IndexedSlices):
+                return tf.IndexedSlices(poison(g.values), g.indices, g.dense_shape)
+            return tf.where(finite, g, tf.constant(float("nan"), g.dtype))
+
+        return original(self, [poison(g) for g in grads], trainable_variables)
+
+    lso.LossScaleOptimizer._tf_apply = _tf_apply
+    return lambda: setattr(lso.LossScaleOptimizer, "_tf_apply", original)
+
+
+def _loss_scale_takes_first_replica() -> bool | None:
+    from keras.src.optimizers import loss_scale_optimizer as lso
+
+    method = lso.LossScaleOptimizer.__dict__.get("_tf_apply")
+    return None if method is None else _source_has(
+        method, "experimental_local_results", ")[0]", "check_finite")
+
+
 # Versions read from the released sources: `_maybe_symbolic_build` first appears
 # in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
 # "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
@@ -199,6 +404,26 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=_patch_reduce_per_replica,
         present=_reduce_per_replica_uses_axis_0,
+    ),
+    # The tf.cond around each step of a tf.while_loop: from 3.7.0 (3.3-3.6 loop in Python
+    # over single steps); still there in 3.15.
+    Patch(
+        name="steps_per_execution_under_distribution",
+        upstream="https://github.com/keras-team/keras/issues/19246",
+        min_version="3.7.0",
+        max_version="3.16.0",
+        apply=_patch_steps_per_execution,
+        present=_multi_step_conds_the_step,
+    ),
+    # _tf_apply takes the first replica's `finite`: in 3.0.0 already, still in 3.15. No
+    # upstream issue found: the upstream field names the code.
+    Patch(
+        name="loss_scale_global_finiteness",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/optimizers/loss_scale_optimizer.py",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=_patch_loss_scale_finiteness,
+        present=_loss_scale_takes_first_replica,
     ),
 )
 
@@ -382,6 +607,12 @@ def hide_from_progbar(model: Any, keys: Callable[[], Iterable[str]]) -> Callable
 
     history.on_epoch_end = on_epoch_end
     return lambda: history.__dict__.pop("on_epoch_end", None)
+
+
+def all_layers(model: Any) -> list:
+    """Every layer nested in `model` (in sub-models and custom layers' attributes too)."""
+    require("flatten_layers")
+    return list(model._flatten_layers(include_self=False))
 
 
 # --- private API: the loss tracker's row count -------------------------------------------

@@ -24,6 +24,7 @@ def parallelize(
     devices: Sequence[str] | Mapping[str, str] | None = None,
     require_compiled: bool = True,
     micro_batches: int | None = None,
+    sync_batchnorm: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -34,6 +35,7 @@ def parallelize(
     devices: Sequence[str] | Mapping[str, str] | None = None,
     require_compiled: bool = True,
     micro_batches: int | None = None,
+    sync_batchnorm: bool = False,
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -64,6 +66,11 @@ def parallelize(
             the scope).
         micro_batches: For `"model_parallel"`: split each batch into this many pieces
             in `fit` so stages work on different pieces at once (must divide the batch).
+        sync_batchnorm: Make every `BatchNormalization` in the model compute
+            its batch statistics over the global batch (all replicas and
+            workers: Keras's `synchronized=True`), so several devices train
+            as one device on the global batch. Default `False`: Keras's
+            per-replica statistics (each replica normalises its own share).
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -83,12 +90,21 @@ def parallelize(
         ...     return model
         >>> model = build_model(units=32)   # built and compiled under the strategy
     """
+    if not isinstance(sync_batchnorm, bool):
+        raise TypeError(f"sync_batchnorm must be True or False. Received: "
+                        f"sync_batchnorm={sync_batchnorm!r}")
     if factory is not None and not callable(factory):
         raise TypeError(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
     if strategy == "model_parallel":
+        if sync_batchnorm:
+            raise ValueError(
+                "sync_batchnorm applies to data-parallel strategies; strategy='model_parallel' "
+                "trains one replica, whose BatchNormalization already normalises over the whole "
+                "batch (with micro_batches: over each piece). Received: sync_batchnorm=True"
+            )
         return _model_parallel(factory, devices, micro_batches)
     if micro_batches is not None:
         raise ValueError(f"micro_batches only applies to strategy='model_parallel'. Received: "
@@ -109,9 +125,12 @@ def parallelize(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             active = _strategy.get_strategy(strategy, devices)
+            _patch_if_distributing(active)
             with active.scope():
                 model = fn(*args, **kwargs)
             _check_model(fn, model, active, require_compiled)
+            if sync_batchnorm:
+                _synchronize_batchnorm(model)
             return model
 
         wrapper.strategy = lambda: _strategy.get_strategy(strategy, devices)  # type: ignore[attr-defined]
@@ -156,3 +175,21 @@ def _model_parallel(factory: Callable[..., Any] | None, devices: Any, micro_batc
         return wrapper
 
     return decorate(factory) if factory is not None else decorate
+def _patch_if_distributing(active: Any) -> None:
+    """Applies `kmp.compat.patch_keras()` for any strategy that spans replicas or workers."""
+    from keras_mgpu_plugins import compat
+
+    if compat.distributing(active):
+        compat.patch_keras()
+
+
+def _synchronize_batchnorm(model: Any) -> None:
+    """Sets Keras's `synchronized=True` on every BatchNormalization, then rebuilds the steps."""
+    import keras
+
+    from keras_mgpu_plugins import compat
+
+    for layer in compat.all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+    model.train_function = model.test_function = model.predict_function = None

@@ -193,7 +193,7 @@ def mismatch_message(report: SyncReport, resynced: bool = False) -> str:
 def unsynced_message(report: SyncReport, first: bool, sync_stats: bool) -> str:
     hint = ("" if not first else
             "\nKeras keeps these statistics per replica: each replica updates its own copy from "
-            "its own batches, and get_weights()/save() return replica 0's. "
+            "its own batches, and get_weights()/save() return replica 0's (or normalise over the global batch: @kmp.parallelize(sync_batchnorm=True)). "
             + ("They are averaged across replicas and workers now (sync_stats=True)."
                if sync_stats else "Pass sync_stats=True to average them at each check."))
     return f"Per-replica statistics differ at {report.where}:\n  {lines(report.unsynced)}{hint}"

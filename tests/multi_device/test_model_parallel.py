@@ -226,6 +226,8 @@ def test_bad_input():
     with pytest.raises(ValueError, match="Sequential.*keras.Input"):
         kmp.parallelize(strategy="model_parallel")(
             lambda: keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)]))()
+    with pytest.raises(ValueError, match="sync_batchnorm applies to data-parallel.*sync_batchnorm=True"):
+        kmp.parallelize(strategy="model_parallel", sync_batchnorm=True)(mlp)
     outside = mlp()
     with pytest.raises(ValueError, match="not called inside it"):
         kmp.parallelize(strategy="model_parallel")(lambda: outside)()

@@ -236,6 +236,13 @@ def test_use_loss_tracker_rows(monkeypatch):
         assert compat.loss_tracker_rows(model) is None
 
 
+def test_use_flatten_layers():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="bn_in")])
+    outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.BatchNormalization(name="bn")])
+    names = [layer.name for layer in compat.all_layers(outer)]
+    assert "bn_in" in names and "bn" in names and outer.name not in names
+
+
 def test_names_the_patches_replace_are_there():
     """`PATCHES` (tested for real by tests/multi_worker/test_fit.py) replace these names."""
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -284,7 +291,8 @@ def test_patches_skip_keras_without_the_code_they_fix(monkeypatch, unpatched, ve
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         applied = compat.patch_keras()
-    expected = {"3.2.0": [], "3.4.1": ["multi_worker_scalar_log_reduce"]}[version]
+    expected = {"3.2.0": ["loss_scale_global_finiteness"],
+                "3.4.1": ["multi_worker_scalar_log_reduce", "loss_scale_global_finiteness"]}[version]
     assert applied == expected
 
 

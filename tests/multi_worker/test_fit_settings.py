@@ -1,0 +1,98 @@
+"""Fit settings on 2 workers (MultiWorkerMirroredStrategy) end where one device ends.
+
+One launched job runs several scenarios of `tests/fit_settings_scenarios.py`
+(kept small for CI); the test process runs the same scenarios on one device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from tests import fit_settings_scenarios as s
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def on_each_worker():
+    return {
+        "steps_per_execution": s.steps_per_execution_run("auto"),
+        "sync_batchnorm": s.sync_batchnorm_run("auto", sync=True),
+        "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, batch_hooks=True, **LOUD),
+        "habits": s.keras_habits_run("auto"),
+        "refused": s.refused_settings("auto"),
+        "inputs": s.input_types_run("auto", ("dict_multi_io",)),
+    }
+
+
+LOUD = {"scale_y": 30.0, "lr": 1e-4, "loud_half": 30.0}  # worker 1's half overflows float16
+
+
+@pytest.fixture(scope="module")
+def workers():
+    return kmp.launch(on_each_worker, num_workers=2, timeout=360)
+
+
+def test_workers_agree_bit_for_bit(workers):
+    first, second = workers
+    for key in ("steps_per_execution", "sync_batchnorm", "mixed_spe", "habits"):
+        for a, b in zip(first[key]["weights"], second[key]["weights"], strict=True):
+            assert np.array_equal(a, b), key
+    assert first["steps_per_execution"]["history"] == second["steps_per_execution"]["history"]
+    assert first["habits"]["histories"] == second["habits"]["histories"]
+    assert first["steps_per_execution"]["evaluate"] == second["steps_per_execution"]["evaluate"]
+
+
+def test_steps_per_execution_with_batch_hooks_matches_one_device(workers):
+    one = s.steps_per_execution_run("default")
+    for got in workers:
+        run = got["steps_per_execution"]
+        s.assert_close(run["weights"], one["weights"])
+        for key, values in one["history"].items():
+            np.testing.assert_allclose(run["history"][key], values, atol=1e-5)
+        for key, value in one["evaluate"].items():
+            np.testing.assert_allclose(run["evaluate"][key], value, atol=1e-5)
+        np.testing.assert_allclose(run["predict"], one["predict"], atol=1e-5)  # every row, in order
+        assert run["train_batches"] == one["train_batches"]
+    assert workers[0]["steps_per_execution"]["saved"] == one["saved"]  # the chief's checkpoints
+
+
+def test_sync_batchnorm_matches_one_device_on_the_global_batch(workers):
+    one = s.sync_batchnorm_run("default", sync=False)
+    s.assert_close(workers[0]["sync_batchnorm"]["weights"], one["weights"])
+
+
+def test_mixed_precision_with_steps_per_execution_and_batch_hooks_like_one_device(workers):
+    one = s.mixed_precision_run("default", steps_per_execution=4, batch_hooks=True, **LOUD)
+    run = workers[0]["mixed_spe"]
+    assert run["scale"] == one["scale"] < 32768.0
+    assert run["train_batches"] == one["train_batches"] == [3, 7] * 3
+    assert run["saved"] == one["saved"] and one["saved"]
+    np.testing.assert_allclose(run["history"]["loss"], one["history"]["loss"], rtol=1e-4)
+
+
+def test_keras_habits_match_one_device(workers):
+    one = s.keras_habits_run("default")
+    run = workers[0]["habits"]
+    s.assert_close(run["weights"], one["weights"])
+    for got, want in zip(run["histories"], one["histories"], strict=True):
+        for key in want:  # the custom train_step logs loss / replicas (see multi_device test)
+            scale = 2.0 if key == "loss" else 1.0
+            np.testing.assert_allclose(np.multiply(got[key], scale), want[key], atol=1e-5)
+    np.testing.assert_allclose(run["predict"], one["predict"], atol=1e-5)
+
+
+def test_refused_settings_name_the_multi_worker_strategy(workers):
+    for got in workers:
+        assert "jit_compile=True" in got["refused"]["jit_compile"]
+        assert "MultiWorkerMirroredStrategy" in got["refused"]["jit_compile"]
+        assert "gradient_accumulation_steps=2" in got["refused"]["gradient_accumulation_steps"]
+
+
+def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_process(workers):
+    one = s.input_types_run("default", ("dict_multi_io",))
+    for got in workers:
+        s.assert_close(got["inputs"]["dict_multi_io"], one["dict_multi_io"])
+        for key, values in one["dict_multi_io_history"].items():
+            np.testing.assert_allclose(got["inputs"]["dict_multi_io_history"][key], values, atol=1e-5)
