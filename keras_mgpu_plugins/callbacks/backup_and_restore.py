@@ -253,10 +253,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _look_both(self) -> tuple[Snapshot | str | None, Snapshot | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""
-        if collective.is_chief() and os.path.isdir(self.backup_dir):
-            for name in os.listdir(self.backup_dir):  # left by a writer that was killed
-                if _atomic.is_temp_name(name):
-                    _atomic.remove(os.path.join(self.backup_dir, name))
+        if collective.is_chief():  # left by a writer that was killed
+            _atomic.remove_stale_temps(self.backup_dir)
         return (_look(self._weights_path, self._training_metadata_path),
                 _look(self._prev_weights_path, self._prev_training_metadata_path))
 
