@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import _atomic
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -106,7 +107,17 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     }
 
 
-STALE = ".c01.kmp-tmp-999999-0badf00d.keras"  # left by a writer killed in an earlier job
+def _dead_pid():
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+# left by a writer of this host killed in an earlier job (its pid no longer runs)
+STALE = f".c01.kmp-tmp-{_atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
 
 
 def launch_in(tmp_path, stale=(), **kwargs):
@@ -258,8 +269,9 @@ def failing_saves(folder):
         "async_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True,
                                     async_save=True)),
         "sync_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True)),
-        # the chief's file system refuses the write midway (RLIMIT_FSIZE: EFBIG, like ENOSPC)
-        "sync_file_too_large": ("big", dict(filepath="{epoch}.weights.h5", save_weights_only=True)),
+        # the chief's file system refuses the write midway (RLIMIT_FSIZE: EFBIG, like ENOSPC;
+        # a .keras zip: h5py's C library can crash on a failed write to an .h5 file)
+        "sync_file_too_large": ("big", dict(filepath="{epoch}.keras")),
         # only the chief's filepath leads to the folder; worker 1's would save fine
         "chief_path_is_dir": (False, dict(filepath="dir/{epoch}.keras" if chief else "x/{epoch}.keras")),
         # 2 batches an epoch: saves end epochs 3 and 6; the first save fails on the chief
@@ -350,7 +362,7 @@ def test_a_chief_whose_file_system_refuses_the_write_stops_both_with_the_cause(f
     chief, other = chief["sync_file_too_large"], other["sync_file_too_large"]
     assert chief["error"].startswith("OSError") and "File too large" in chief["error"]
     assert other["error"].startswith(
-        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_file_too_large/1.weights.h5 "
+        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_file_too_large/1.keras "
         "failed (worker 0: OSError")
     assert "File too large" in other["error"]
     assert chief["begun"] == other["begun"] == [0]  # both stopped at the first save
