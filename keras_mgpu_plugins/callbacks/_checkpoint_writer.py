@@ -174,8 +174,8 @@ class ChiefWrites:
                 self.on_saved(record)
             elif self.error is None:
                 if hasattr(error, "add_note"):  # Python 3.11+
-                    error.add_note(f"Raised in {self.owner}'s background writer (async_save=True)"
-                                   f" while writing {record['path']}.")
+                    error.add_note(f"Raised in {self.owner}'s background writer while "
+                                   f"saving {record['path']} (async_save=True).")
                 self.error = error
 
     def check(self, strategy: Any, wait: bool) -> None:

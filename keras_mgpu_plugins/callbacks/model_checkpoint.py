@@ -230,8 +230,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             )
         self._saves.save(
             self._model_to_save(), self._kind,
-            lambda snapshot: _atomic.atomic_write(filepath, snapshot.write,
-                                                  suffix=_SUFFIX[self._kind]),
+            lambda snapshot: self._write(snapshot.write, filepath),
             record, f"saving {filepath}", self._strategy(), record["epoch"])
 
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
@@ -274,6 +273,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return self.model
         copy_weights(self.model, self.template)
         return self.template
+
+    def _write(self, write: Any, filepath: str) -> None:
+        """The chief's write (training thread, or writer thread with `async_save=True`)."""
+        _atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
 
     def _saved(self, record: dict[str, Any]) -> None:
         if self.verbose > 0:
