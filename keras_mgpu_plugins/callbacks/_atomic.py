@@ -270,3 +270,17 @@ def writable_problem(directory: str) -> str | None:
     os.close(fd)
     os.remove(name)
     return None
+
+
+def prepare_folder(directory: str) -> str | None:
+    """Why files cannot be written in `directory` (`writable_problem`), or `None`.
+
+    Also removes the stale temporaries there (`remove_stale_temps`).
+    """
+    problem = writable_problem(directory)
+    if problem is None:
+        try:
+            remove_stale_temps(directory)
+        except OSError as err:
+            problem = f"{directory!r} cannot be listed ({err.strerror or err})"
+    return problem

@@ -14,26 +14,10 @@ change. A proxy model handed to Keras was the alternative; it would have to
 impersonate the whole `keras.Model` seen by `MonitorCallback` and by users of
 `self.model`, so overriding one method is the smaller dependency.
 
-What changes against Keras:
-
-- The decision is collective: the chief's monitored value is broadcast
-  (`collective.broadcast`, on every worker at every save point; local in one
-  process) and fed to Keras's decision, so every worker agrees.
-- One scheme for every save (`_checkpoint_writer`): every worker takes the
-  same snapshot of the model in memory (reads that may be collective
-  operations), then only the chief writes `filepath`; an error reaches every
-  worker with its cause.
-- The file is written beside its final name, `fsync`ed, then `os.replace`d
-  (a remote path: written locally, then copied into place; see `_atomic`).
-  At train begin the chief removes the temporaries a killed save left.
-- Arguments that decide where collectives run are checked to be the same on
-  every worker at train begin (`collective.same_settings`).
-- `model=template`: the template receives the trained weights (by value) and
-  is saved instead of the trained model.
-- `async_save=True`: the snapshot is written by one background thread (a
-  synchronous save writes it on the training thread).
-- Each complete checkpoint is published as a `"checkpoint_saved"` event.
-
+What changes against Keras is listed in the class docstring. Saves follow
+the one scheme of `_checkpoint_writer` (every worker snapshots, the chief
+writes, errors reach every worker with their cause); files are atomic
+(`_atomic`); the decision rules are `_checkpoint_rules`'.
 Snapshots and their files are `_checkpoint_io`'s, which uses Keras's saving
 internals through `compat`.
 """
@@ -175,7 +159,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         directory = os.path.dirname(self.filepath.split("{", 1)[0])
-        problem = _folder_problem(directory) if collective.is_chief() else None
+        problem = _atomic.prepare_folder(directory) if collective.is_chief() else None
         if collective.agree(problem is not None, strategy, how="chief"):
             where = problem or "the chief worker cannot write there (see its error)"
             raise PermissionError(
@@ -297,20 +281,6 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             yield
         finally:
             self.verbose = verbose
-
-
-def _folder_problem(directory: str) -> str | None:
-    """On the chief: why checkpoints cannot be written in `directory`, or `None`.
-
-    Also removes the temporaries that a process killed mid-save left there.
-    """
-    problem = _atomic.writable_problem(directory)
-    if problem is None:
-        try:
-            _atomic.remove_stale_temps(directory)
-        except OSError as err:
-            problem = f"{directory!r} cannot be listed ({err.strerror or err})"
-    return problem
 
 
 def _weak_flush(callback: ModelCheckpoint) -> Any:
