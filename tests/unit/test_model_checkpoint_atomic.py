@@ -232,7 +232,7 @@ def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
-    rng = random.Random(os.getpid())
+    rng = random.Random(17)  # seeded: the same kill moments every run (bounded by deadlines)
     leftovers = 0
     for i, (name, weights_only, async_save) in enumerate(KILL_CASES):
         folder = tmp_path / f"case{i}"
