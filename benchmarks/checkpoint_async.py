@@ -94,11 +94,12 @@ def main() -> None:
     blocked: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-") as folder:
         path = os.path.join(folder, name)
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             for async_save in (False, True):
-                if args.backup:
+                if args.backup:  # a fresh folder per fit: nothing to restore
+                    path = os.path.join(folder, f"backup-{repeat}-{async_save}", "latest.weights.h5")
                     callback = timed_checkpoint(
-                        kmp.callbacks.BackupAndRestore, backup_dir=os.path.join(folder, "backup"),
+                        kmp.callbacks.BackupAndRestore, backup_dir=os.path.dirname(path),
                         delete_checkpoint=False, async_save=async_save,
                     )
                 else:
@@ -119,8 +120,6 @@ def main() -> None:
                 )
                 assert len(callback.per_save) == args.epochs
                 blocked[async_save] += callback.per_save
-        if args.backup:
-            path = os.path.join(folder, "backup", "latest.weights.h5")
         file_mb = os.path.getsize(path) / 1e6
     sync = statistics.median(blocked[False])
     asyn = statistics.median(blocked[True])
