@@ -2,15 +2,16 @@
 
 Trains the same model (weights >= 50 MB; the `.keras` file also holds Adam's
 two slots, so about three times that) with `kmp.callbacks.ModelCheckpoint`
-saving at every epoch end, once synchronously and once with `async_save=True`,
-alternating the two for `--repeats` fits each. "Blocked" is the time the
+saving at every epoch end (or, with `--backup`, `kmp.callbacks.BackupAndRestore`
+backing up at every epoch end), once synchronously and once with
+`async_save=True`, alternating the two for `--repeats` fits each. "Blocked" is the time the
 training thread spends inside the callback's hooks for one save: its
 `on_epoch_end` plus the hooks until the next save (where an async save may
 wait for the previous write), and `on_train_end` for the last one. Prints the
 median blocked time per save of each mode and their ratio, measured in this
 one run.
 
-    python benchmarks/checkpoint_async.py [--epochs 4] [--repeats 2] [--weights-only]
+    python benchmarks/checkpoint_async.py [--epochs 4] [--repeats 2] [--weights-only] [--backup]
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="training steps per epoch")
     parser.add_argument("--width", type=int, default=4096, help="hidden units")
     parser.add_argument("--weights-only", action="store_true", help="save .weights.h5")
+    parser.add_argument("--backup", action="store_true", help="time BackupAndRestore instead")
     args = parser.parse_args()
 
     import keras
@@ -88,18 +90,25 @@ def main() -> None:
     y = rng.normal(size=(batch * args.steps, 2048)).astype("float32")
     model = build()
     weights_mb = sum(w.nbytes for w in model.get_weights()) / 1e6
-    name = "bench.weights.h5" if args.weights_only else "bench.keras"
+    name = "bench.weights.h5" if args.weights_only or args.backup else "bench.keras"
     blocked: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(dir=os.getcwd(), prefix=".bench-") as folder:
         path = os.path.join(folder, name)
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             for async_save in (False, True):
-                callback = timed_checkpoint(
-                    kmp.callbacks.ModelCheckpoint,
-                    filepath=path,
-                    save_weights_only=args.weights_only,
-                    async_save=async_save,
-                )
+                if args.backup:  # a fresh folder per fit: nothing to restore
+                    path = os.path.join(folder, f"backup-{repeat}-{async_save}", "latest.weights.h5")
+                    callback = timed_checkpoint(
+                        kmp.callbacks.BackupAndRestore, backup_dir=os.path.dirname(path),
+                        delete_checkpoint=False, async_save=async_save,
+                    )
+                else:
+                    callback = timed_checkpoint(
+                        kmp.callbacks.ModelCheckpoint,
+                        filepath=path,
+                        save_weights_only=args.weights_only,
+                        async_save=async_save,
+                    )
                 model.fit(
                     x,
                     y,
@@ -114,7 +123,8 @@ def main() -> None:
         file_mb = os.path.getsize(path) / 1e6
     sync = statistics.median(blocked[False])
     asyn = statistics.median(blocked[True])
-    print(f"model weights: {weights_mb:.1f} MB; checkpoint file ({name}): {file_mb:.1f} MB")
+    what = "BackupAndRestore" if args.backup else "ModelCheckpoint"
+    print(f"{what}; model weights: {weights_mb:.1f} MB; file: {file_mb:.1f} MB")
     print(f"saves per mode: {len(blocked[False])} ({args.repeats} fits x {args.epochs} epochs)")
     print(f"training blocked per save, sync  (median): {sync * 1e3:8.1f} ms")
     print(f"training blocked per save, async (median): {asyn * 1e3:8.1f} ms")

@@ -22,20 +22,19 @@ template; call `model.set_weights(parallel_model.get_weights())` after such a lo
 
 from __future__ import annotations
 
-import functools
-import inspect
 import warnings
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 
 from keras_mgpu_plugins import strategy as _strategy
+from keras_mgpu_plugins._multi_gpu_link import (  # noqa: F401 - sync_action, weights_fingerprint
+    TemplateLink,
+    sync_action,
+    weights_fingerprint,
+)
 from keras_mgpu_plugins.topology import topology
-
-Fingerprint = tuple[tuple[tuple[int, ...], str, int], ...]
 
 
 def multi_gpu_model(
@@ -113,7 +112,7 @@ def multi_gpu_model(
         )
     strategy = _strategy.get_strategy("mirrored", names)
     parallel = _replicate(model, strategy)
-    _TemplateLink(model, parallel, strategy).install()
+    TemplateLink(model, parallel, strategy).install()
     return parallel
 
 
@@ -175,28 +174,6 @@ def _parse_gpus(gpus: Any) -> list[int]:
     return ids
 
 
-def weights_fingerprint(weights: Sequence[Any]) -> Fingerprint:
-    """A cheap digest of a list of arrays: shape, dtype and CRC-32 of each."""
-    arrays = [np.asarray(w) for w in weights]
-    return tuple(
-        (a.shape, str(a.dtype), zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
-        for a in arrays
-    )
-
-
-def sync_action(synced: Fingerprint, template: Fingerprint, parallel: Fingerprint) -> str:
-    """What to do before running the parallel model, given who changed since the last copy.
-
-    Returns:
-        `"none"`: the template is unchanged (or both hold the same values);
-        `"pull"`: only the template changed, take its weights;
-        `"conflict"`: both changed, differently.
-    """
-    if template == synced or template == parallel:
-        return "none"
-    return "pull" if parallel == synced else "conflict"
-
-
 def _warn_legacy_arguments(cpu_merge: bool, cpu_relocation: bool) -> None:
     if not cpu_merge:
         warnings.warn(
@@ -246,117 +223,3 @@ def _replicate(model: keras.Model, strategy: Any) -> keras.Model:
         )
     parallel.set_weights(weights)
     return parallel
-
-
-class _TemplateLink:
-    """Keeps the template's weights a copy of the parallel model's; installs the wrappers."""
-
-    def __init__(self, template: keras.Model, parallel: keras.Model, strategy: Any) -> None:
-        self.template = template
-        self.parallel = parallel
-        self.strategy = strategy
-        self.cls = type(parallel)
-        self.synced = weights_fingerprint(template.get_weights())
-        self.in_fit = False
-
-    def push(self) -> None:
-        """Copies the parallel model's weights into the template (by value)."""
-        weights = self.parallel.get_weights()
-        self.template.set_weights(weights)
-        self.synced = weights_fingerprint(weights)
-
-    def pull(self) -> None:
-        """Takes in weights given to the template since the last copy."""
-        template_weights = self.template.get_weights()
-        template = weights_fingerprint(template_weights)
-        if template == self.synced:
-            return
-        action = sync_action(
-            self.synced, template, weights_fingerprint(self.parallel.get_weights())
-        )
-        if action == "pull":
-            self.parallel.set_weights(template_weights)
-            self.synced = template
-        elif action == "conflict":
-            warnings.warn(
-                "The weights of both the template model and the parallel model changed since "
-                "they were last copied; the parallel model's are kept and copied into the "
-                "template. Change the weights of only one of them.",
-                UserWarning,
-                stacklevel=3,
-            )
-            self.push()
-        else:
-            self.synced = template
-
-    def install(self) -> None:
-        """Replaces `compile`, `fit`, `evaluate`, `predict` on the parallel model instance."""
-        for name in ("compile", "fit", "evaluate", "predict"):
-            method = getattr(self.cls, name)
-            wrapper = functools.wraps(method)(_forward(getattr(self, name)))
-            signature = inspect.signature(method)
-            wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-                parameters=list(signature.parameters.values())[1:]  # without self
-            )
-            object.__setattr__(self.parallel, name, wrapper)  # untracked by Keras
-
-    def compile(self, *args: Any, **kwargs: Any) -> Any:
-        with self.strategy.scope():  # every optimizer argument (a GAN's compile has two)
-            args = tuple(self._optimizer_in_scope(a) for a in args)
-            kwargs = {k: self._optimizer_in_scope(v) for k, v in kwargs.items()}
-            return self.cls.compile(self.parallel, *args, **kwargs)
-
-    def _optimizer_in_scope(self, optimizer: Any) -> Any:
-        """An optimizer instance made outside the scope, re-made inside from its config."""
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
-            return optimizer  # a name or None: created by compile, in the scope
-        iterations = getattr(optimizer.iterations, "value", optimizer.iterations)
-        if self.strategy.extended.variable_created_in_scope(iterations):
-            return optimizer
-        return type(optimizer).from_config(optimizer.get_config())
-
-    def fit(self, *args: Any, **kwargs: Any) -> Any:
-        self.pull()
-        bound = inspect.signature(self.cls.fit).bind(self.parallel, *args, **kwargs)
-        given = bound.arguments.get("callbacks") or []
-        if isinstance(given, keras.callbacks.CallbackList):
-            given = given.callbacks
-        bound.arguments["callbacks"] = [_CopyToTemplate(self), *given]
-        self.in_fit = True
-        try:
-            history = self.cls.fit(*bound.args, **bound.kwargs)
-        finally:
-            self.in_fit = False
-        self.push()
-        return history
-
-    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-        if self.in_fit:  # fit's own validation: weights are copied at epoch end
-            return self.cls.evaluate(self.parallel, *args, **kwargs)
-        self.pull()
-        result = self.cls.evaluate(self.parallel, *args, **kwargs)
-        self.push()
-        return result
-
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.in_fit:
-            self.pull()
-        return self.cls.predict(self.parallel, *args, **kwargs)
-
-
-def _forward(method: Any) -> Any:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return method(*args, **kwargs)
-
-    return wrapper
-
-
-class _CopyToTemplate(keras.callbacks.Callback):
-    """Copies the trained weights into the template at each epoch end (no batch hook)."""
-
-    def __init__(self, link: _TemplateLink) -> None:
-        super().__init__()
-        self._link = link
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._link.push()

@@ -6,7 +6,8 @@ systems), the data is flushed to disk with `fsync`, and `os.replace` moves it to
 the final name in one step; the folder is then synced so the rename itself
 survives a crash. A process killed at any moment leaves either the previous
 file or the new one at the final name, plus at worst a hidden temporary file
-whose name contains `TEMP_MARKER`; `remove_stale_temps` clears those.
+whose name contains `TEMP_MARKER`; `remove_stale_temps` clears those (the
+one cleanup rule of the package: `is_stale`).
 
 Remote paths (`is_remote`: `gs://...`, any `scheme://`, as Keras decides) have
 no rename: the file is written to a local scratch folder, then copied into
@@ -25,11 +26,19 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable
 
-#: Part of every temporary name made here: `.{name}.kmp-tmp-{pid}-{random}{suffix}`.
+#: Part of every temporary name made here: `.{name}.kmp-tmp-{host}-{pid}-{random}{suffix}`.
 TEMP_MARKER = ".kmp-tmp-"
+
+#: A temporary untouched for this long is stale whoever made it (a writer that lives
+#: keeps its file's modification time fresh; a host can die with its temporaries).
+STALE_AFTER_S = 24 * 3600.0
+
+_TOKEN = re.compile(re.escape(TEMP_MARKER) + r"(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)-[0-9a-f]{8}")
 
 # The paths Keras writes through `tf.io.gfile` (`keras.src.utils.file_utils.is_remote_path`).
 _REMOTE = re.compile(r"^(/cns|/cfs|/gcs|/hdfs|/readahead|/placer|/tfhub|.*://).*$")
@@ -63,13 +72,58 @@ def temp_path(path: str, suffix: str = "") -> str:
     directory, name = os.path.split(path)
     if suffix and name.endswith(suffix):
         name = name[: -len(suffix)]
-    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    token = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
     return os.path.join(directory, f".{name}{TEMP_MARKER}{token}{suffix}")
 
 
+def host_tag(host: str | None = None) -> str:
+    """This host's name as temporary names carry it (letters, digits, `_`; 32 at most)."""
+    host = socket.gethostname() if host is None else host
+    return re.sub(r"[^A-Za-z0-9]", "_", host)[:32] or "_"
+
+
 def is_temp_name(name: str) -> bool:
-    """Whether a file name was made by `temp_path`."""
+    """Whether a file name was made by `temp_path` (or an earlier version of it)."""
     return name.startswith(".") and TEMP_MARKER in name
+
+
+def is_stale(name: str, age_s: float, host: str | None = None,
+             alive: Callable[[int], bool] | None = None) -> bool:
+    """The cleanup rule: whether the temporary `name`, unmodified for `age_s`, is abandoned.
+
+    A temporary is stale when it was made on this host by a process that no
+    longer runs, or (made anywhere, or named in an older format) when it has
+    not been modified for `STALE_AFTER_S`. A live writer's file is never
+    stale, whichever job it belongs to; another host's fresh file neither
+    (its process cannot be checked from here).
+
+    Args:
+        name: A file name (`is_temp_name`).
+        age_s: Seconds since the file was last modified.
+        host: This host's tag (`host_tag()` if `None`).
+        alive: Whether a process id of this host runs (`pid_alive` if `None`).
+    """
+    if not is_temp_name(name):
+        return False
+    if age_s > STALE_AFTER_S:
+        return True
+    match = _TOKEN.search(name)
+    if match is None or match["host"] != (host_tag() if host is None else host):
+        return False
+    return not (pid_alive if alive is None else alive)(int(match["pid"]))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (`True` where that cannot be told)."""
+    if pid <= 0 or os.name != "posix":
+        return pid > 0
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: it exists
+        return True
+    return True
 
 
 def fsync_file(path: str) -> None:
@@ -143,11 +197,11 @@ def _upload(path: str, write: Callable[[str], object]) -> None:
 
 
 def remove_stale_temps(directory: str) -> list[str]:
-    """Removes the temporaries (`is_temp_name`) that killed writers left in `directory`.
+    """Removes the temporaries that writers which died left in `directory` (`is_stale`).
 
-    Temporaries of this process are kept: they may belong to a write in
-    flight. Nothing to do for a folder that does not exist, or a remote one
-    (remote writes leave no temporary beside their target).
+    Another job sharing the folder keeps its temporaries while its writer
+    lives, on this host or another. Nothing to do for a folder that does not
+    exist, or a remote one (remote writes leave no temporary beside their target).
 
     Returns:
         The names removed.
@@ -157,11 +211,19 @@ def remove_stale_temps(directory: str) -> list[str]:
     """
     if is_remote(directory) or not os.path.isdir(directory or "."):
         return []
-    own = f"{TEMP_MARKER}{os.getpid()}-"
-    stale = [n for n in os.listdir(directory or ".") if is_temp_name(n) and own not in n]
-    for name in stale:
-        remove(os.path.join(directory, name))
-    return stale
+    host, now, removed = host_tag(), time.time(), []
+    for name in os.listdir(directory or "."):
+        if not is_temp_name(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            age = now - os.lstat(path).st_mtime
+        except OSError:  # gone meanwhile (its writer renamed it)
+            continue
+        if is_stale(name, age, host):
+            remove(path)
+            removed.append(name)
+    return removed
 
 
 def remove(path: str) -> None:
@@ -208,3 +270,17 @@ def writable_problem(directory: str) -> str | None:
     os.close(fd)
     os.remove(name)
     return None
+
+
+def prepare_folder(directory: str) -> str | None:
+    """Why files cannot be written in `directory` (`writable_problem`), or `None`.
+
+    Also removes the stale temporaries there (`remove_stale_temps`).
+    """
+    problem = writable_problem(directory)
+    if problem is None:
+        try:
+            remove_stale_temps(directory)
+        except OSError as err:
+            problem = f"{directory!r} cannot be listed ({err.strerror or err})"
+    return problem

@@ -1,32 +1,40 @@
-"""Checkpoint snapshots in host memory, and the background thread that writes them.
+"""Checkpoint snapshots in host memory: the one way every worker takes part in a save.
 
 A `Snapshot` holds everything Keras would write for `model.save(path)` or
-`model.save_weights(path)`, copied off the model on the calling (training)
-thread: the config, and a NumPy copy of every variable in the order and layout
-Keras's saver walks them. `Snapshot.write(path)` later produces the same file
-from that copy alone, so it can run on another thread while training goes on
-and changes the variables.
+`model.save_weights(path)`, taken off the model on the training thread: the
+config, and a read of every variable in the order and layout Keras's saver
+walks them. `Snapshot.write(path)` later produces the same file from the
+snapshot alone, on the training thread (a synchronous save) or on the writer
+thread (`async_save=True`), while training goes on and changes the variables.
+
+A read costs no copy where TensorFlow allows: reading a variable gives a
+tensor that shares its buffer, and the next update of that variable copies it
+first (copy-on-write), so the snapshot holds the values of the moment it was
+taken. The conversion to NumPy, the serialisation and the file I/O all
+happen in `write`. On a GPU the read stays in device memory until `write`
+copies it to the host (one more copy of the variables in device memory while
+a write is pending).
+
+Every worker takes the same snapshot (a read can be a collective operation
+under a multi-worker strategy: every worker must read the same variables in
+the same order); only the chief writes (`_checkpoint_writer`).
 
 It relies on Keras's saving internals, all reached through `compat` (the
 private use `"saving_internals"`: `compat.save_state_walk`, Keras's own walk
-over layers, optimizer and their variables, run here with a recording store
-instead of an H5 file; `compat.h5_store_class`, subclassed so the walk accepts
-that store; `compat.open_h5_store`, `open_assets_store`,
+over layers, optimizer and their variables, run here with a store that keeps
+the reads instead of writing an H5 file; `compat.h5_store_class`, subclassed
+so the walk accepts that store; `compat.open_h5_store`, `open_assets_store`,
 `serialize_model_as_json`, `archive_names` and `save_model_to_hdf5` to write).
 `check_keras_internals` fails loudly when one is missing or changed.
-
-The same walk also serves non-chief workers, which must read the variables in
-the order the chief's save does (a read can be a collective operation under a
-multi-worker strategy) but keep nothing: `take_snapshot(..., keep=False)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
-import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -75,45 +83,73 @@ class Snapshot:
                         zf.writestr(info, assets.read(info))
 
 
-def take_snapshot(model: Any, kind: str, keep: bool = True) -> Snapshot:
-    """Copies what `model.save`/`save_weights` would write, on this thread.
+def take_snapshot(model: Any, kind: str) -> Snapshot:
+    """Reads what `model.save`/`save_weights` would write, on this thread.
 
     Args:
         model: The Keras model.
         kind: See `kind_of`.
-        keep: With `False`, every variable is read as the save would read it,
-            and nothing is kept (for workers that do not write).
 
     Returns:
-        The snapshot (empty when `keep` is false).
+        The snapshot; `write` makes the file from it alone.
     """
-    if kind == "h5":
+    if kind == "h5":  # the legacy format: serialised here, whole
         import h5py
 
         buffer = io.BytesIO()
         with h5py.File(buffer, "w") as f:
             compat.save_model_to_hdf5(model, f)
-        return Snapshot(kind, h5_bytes=buffer.getvalue() if keep else None)
+        return Snapshot(kind, h5_bytes=buffer.getvalue())
     if kind == "weights" and not model.built:
         raise ValueError(
             "You are saving a model that has not yet been built. Try building the "
             "model first by calling it on some data or by using `build()`."
         )
-    store = _RecordingStore(keep)
+    store = _SnapshotStore()
     snapshot = Snapshot(kind, entries=store.entries)
-    if kind == "keras" and keep:
-        snapshot.config_json, snapshot.metadata_json = compat.serialize_model_as_json(model)
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w") as archive:
-            assets = compat.open_assets_store(archive)
-            try:
-                compat.save_state_walk(model, store, assets)
-            finally:
-                assets.close()  # zips the assets and removes its temporary folder
-        snapshot.assets_zip = buffer.getvalue()
-    else:
-        compat.save_state_walk(model, store)
+    with _optimizer_hands_variables(model):
+        if kind == "keras":
+            snapshot.config_json, snapshot.metadata_json = compat.serialize_model_as_json(model)
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w") as archive:
+                assets = compat.open_assets_store(archive)
+                try:
+                    compat.save_state_walk(model, store, assets)
+                finally:
+                    assets.close()  # zips the assets and removes its temporary folder
+            snapshot.assets_zip = buffer.getvalue()
+        else:
+            compat.save_state_walk(model, store)
     return snapshot
+
+
+@contextlib.contextmanager
+def _optimizer_hands_variables(model: Any) -> Iterator[None]:
+    """During the walk, the optimizer hands the store its variables, not NumPy copies.
+
+    Keras's `Optimizer.save_own_variables` stores `variable.numpy()` for each
+    of `optimizer.variables`, a full copy on this thread. An optimizer that
+    keeps that method gets, for the walk only, one that stores the same
+    variables (the store reads them); the values written are the same.
+    """
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or "save_own_variables" in vars(optimizer) or (
+        type(optimizer).save_own_variables is not keras.optimizers.Optimizer.save_own_variables
+    ):
+        yield
+        return
+
+    def save_own_variables(store: Any) -> None:
+        for i, variable in enumerate(optimizer.variables):
+            store[str(i)] = variable
+
+    vars(optimizer)["save_own_variables"] = save_own_variables  # bypasses Keras's tracking
+    try:
+        yield
+    finally:
+        del vars(optimizer)["save_own_variables"]
 
 
 def _replay(store: Any, entries: list) -> None:
@@ -121,41 +157,37 @@ def _replay(store: Any, entries: list) -> None:
         for path, metadata, values in entries:
             entry = store.make(path, metadata=metadata)
             for key, value in values.items():
-                entry[key] = value
+                entry[key] = np.asarray(value)  # a device read is copied to the host here
     finally:
         store.close()
 
 
-def _recording_store_class() -> type:
+def _snapshot_store_class() -> type:
     import keras
+    import tensorflow as tf
 
-    class RecordingStore(compat.h5_store_class()):
-        """Stands in for `H5IOStore(mode="w")`: records NumPy copies, writes nothing."""
+    class SnapshotStore(compat.h5_store_class()):
+        """Stands in for `H5IOStore(mode="w")`: keeps the reads, writes nothing."""
 
-        def __init__(self, keep: bool) -> None:  # no H5 file is opened
+        def __init__(self) -> None:  # no H5 file is opened
             self.mode = "w"
-            self.keep = keep
             self.entries: list = []
             self.current: dict = {}
 
         def __bool__(self) -> bool:
             return True
 
-        def make(self, path: str, metadata: dict | None = None) -> RecordingStore:
+        def make(self, path: str, metadata: dict | None = None) -> SnapshotStore:
             self.current = {}
-            if self.keep:
-                self.entries.append((path, metadata, self.current))
+            self.entries.append((path, metadata, self.current))
             return self
 
         def __setitem__(self, key: str, value: Any) -> None:
-            # The read; for a variable, one copy of its current value to host memory.
-            if isinstance(value, keras.Variable):
-                array = np.asarray(value.value)
-            else:
-                array = keras.ops.convert_to_numpy(value)
-            if self.keep:
-                owned = array.base is None and array.flags.owndata and array.flags.writeable
-                self.current[key] = array if owned else np.array(array)
+            if isinstance(value, keras.Variable):  # the read: shares the buffer until an update
+                value = tf.identity(value.value)  # (keras.ops.convert_to_tensor does not read)
+            elif not keras.ops.is_tensor(value):  # NumPy data may be the layer's own: copy
+                value = np.array(value)
+            self.current[key] = value
 
         def __getitem__(self, key: str) -> Any:
             return self.current[key]
@@ -175,61 +207,14 @@ def _recording_store_class() -> type:
         def close(self) -> None:
             pass
 
-    return RecordingStore
+    return SnapshotStore
 
 
 _store_class: type | None = None
 
 
-def _RecordingStore(keep: bool) -> Any:  # noqa: N802 - built lazily (imports Keras)
+def _SnapshotStore() -> Any:  # noqa: N802 - built lazily (imports Keras)
     global _store_class
     if _store_class is None:
-        _store_class = _recording_store_class()
-    return _store_class(keep)
-
-
-class BackgroundWriter:
-    """Runs one job at a time on a background thread and keeps its outcome.
-
-    `submit` waits for the previous job first, so at most one is in flight.
-    Outcomes `(record, error)` are collected on the training thread with
-    `collect`; nothing is raised or published from the writer thread.
-    """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._done: list[tuple[Any, BaseException | None]] = []
-
-    def submit(self, job: Callable[[], Any], record: Any) -> None:
-        """Waits for the job in flight, then starts `job` in the background."""
-        self.wait()
-
-        def run() -> None:
-            error = None
-            try:
-                job()
-            except BaseException as err:  # handed to the training thread
-                error = err
-            with self._lock:
-                self._done.append((record, error))
-
-        # Not a daemon: a checkpoint being written is finished before exit.
-        self._thread = threading.Thread(target=run, name="kmp-checkpoint-writer")
-        self._thread.start()
-
-    def wait(self) -> None:
-        """Blocks until no job is in flight."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def has_news(self) -> bool:
-        """Whether a job finished since the last `collect` (cheap, lock-free)."""
-        return bool(self._done)
-
-    def collect(self) -> list[tuple[Any, BaseException | None]]:
-        """The `(record, error)` of every job finished since the last call."""
-        with self._lock:
-            done, self._done = self._done, []
-        return done
+        _store_class = _snapshot_store_class()
+    return _store_class()

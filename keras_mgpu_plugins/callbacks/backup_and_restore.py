@@ -1,130 +1,38 @@
-"""`BackupAndRestore`: Keras's fault-tolerance callback, safe with several workers."""
+"""`BackupAndRestore`: Keras's fault-tolerance callback, safe with several workers.
+
+The pure parts (which backup is whole, the write order that keeps one whole
+at every crash point) are in `_backup_state`; saves follow the one scheme of
+`_checkpoint_writer` (every worker snapshots, the chief writes).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
 import keras
-import numpy as np
 
 from keras_mgpu_plugins import collective, compat
-from keras_mgpu_plugins.callbacks import _atomic
-
-#: A backup whose files do not agree with each other (torn, truncated, edited).
-CORRUPT = "corrupt"
-
-
-class BackupNotSharedError(RuntimeError):
-    """Workers see different backups: `backup_dir` is not on shared storage."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """A restorable training state: a weights file and where training stood.
-
-    Attributes:
-        epoch: First epoch to run after restoring, or `None` for a weights file
-            without metadata (Keras then loads the weights and keeps the epoch).
-        batch: Last batch seen in that epoch when saved mid-epoch, else 0.
-        digest: SHA-256 (hex) of the weights file.
-    """
-
-    epoch: int | None
-    batch: int
-    digest: str
-
-
-def resolve(metadata: Any, digest: str | None) -> Snapshot | str | None:
-    """The state a (metadata, weights) pair of files holds.
-
-    The metadata names the SHA-256 of the weights it goes with, and that of the
-    state it replaced: the chief replaces the metadata first, then the weights,
-    so a crash between the two still describes the weights on disk.
-
-    Args:
-        metadata: The parsed metadata, `None` (no file) or `CORRUPT` (unreadable).
-        digest: SHA-256 of the weights file, or `None` if there is none.
-
-    Returns:
-        A `Snapshot`, `None` when there is no backup, or `CORRUPT`.
-    """
-    if metadata is None and digest is None:
-        return None
-    if metadata is CORRUPT or digest is None or not isinstance(metadata, (dict, type(None))):
-        return CORRUPT
-    if metadata is None:  # weights alone: Keras loads them, and keeps the epoch
-        return Snapshot(None, 0, digest)
-    for record in (metadata, metadata.get("previous")):
-        if not isinstance(record, dict):
-            continue
-        if record.get("weights_sha256", digest) == digest:  # no digest: written by Keras
-            try:
-                return Snapshot(int(record["epoch"]), int(record.get("batch", 0)), digest)
-            except (KeyError, TypeError, ValueError):
-                return CORRUPT
-    return CORRUPT
-
-
-def pick(latest: Snapshot | str | None, previous: Snapshot | str | None) -> str | None:
-    """Which backup to restore: `"latest"`, `"previous"` (the `.bkp` files) or `None`.
-
-    As Keras: nothing when there is no latest backup; the previous one when
-    the latest is corrupt.
-
-    Raises:
-        OSError: If the latest backup is corrupt and there is no valid previous one.
-    """
-    if latest is None or isinstance(latest, Snapshot):
-        return None if latest is None else "latest"
-    if isinstance(previous, Snapshot):
-        return "previous"
-    raise OSError(
-        "The backup is corrupt (its weights file does not match its metadata) and "
-        "there is no valid previous backup (double_checkpoint=True keeps one)."
-    )
-
-
-def encode(*states: Snapshot | str | None) -> np.ndarray:
-    """Each state as `[kind, epoch, batch, digest]` int64s, for `collective.all_gather`."""
-    row = []
-    for s in states:
-        if isinstance(s, Snapshot):
-            top = int(s.digest[:16], 16)
-            row += [1, -1 if s.epoch is None else s.epoch, s.batch, top - (top >> 63 << 64)]
-        else:
-            row += [0 if s is None else 2, -1, 0, 0]
-    return np.array(row, dtype=np.int64)
-
-
-def check_shared(views: np.ndarray, backup_dir: str) -> None:
-    """Raises on every worker unless each saw the chief's backup (same `encode` row).
-
-    Raises:
-        BackupNotSharedError: naming what each worker saw.
-    """
-    if (views == views[0]).all():
-        return
-    seen = "; ".join(f"worker {i}: {_describe(row)}" for i, row in enumerate(views))
-    raise BackupNotSharedError(
-        f"The workers see different backups in backup_dir={backup_dir!r} ({seen}). "
-        "backup_dir must be on storage all workers share (a network or shared file "
-        "system mounted at the same path), so that every worker restores the chief's backup."
-    )
-
-
-def _describe(row: np.ndarray) -> str:
-    kind, epoch = int(row[0]), int(row[1])
-    if kind == 0:
-        return "no backup"
-    if kind == 2:
-        return "a corrupt backup"
-    return f"a backup at epoch {epoch} (weights {int(row[3]) & (2**64 - 1):016x}...)"
+from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer
+from keras_mgpu_plugins.callbacks._backup_state import (  # noqa: F401 - public names
+    CORRUPT,
+    INCOMPLETE,
+    BackupNotSharedError,
+    Snapshot,
+    check_shared,
+    encode,
+    look,
+    pick,
+    record,
+    resolve,
+    sha256,
+    write_bytes,
+)
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -137,9 +45,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     - only the chief writes `backup_dir`, atomically (a temporary file beside
       the target, fsync, `os.replace`); the metadata records the SHA-256 of its
-      weights, so a torn or truncated backup is detected, never loaded.
-      Other workers save to a private temporary folder that they delete, so
-      every worker takes part in the same reads of distributed variables;
+      weights, so a torn or truncated backup is detected, never loaded. Every
+      worker takes the same snapshot of the weights in memory (the same reads
+      of distributed variables), then the chief writes it;
+    - a process killed at any point of a backup leaves the previous backup
+      whole, or (during the very first one) no backup: the next run starts
+      from scratch, with a warning;
     - on restore, every worker reads `backup_dir` and the workers compare what
       they saw (`collective.all_gather`); if one does not see the chief's backup
       (`backup_dir` not on shared storage), all of them raise
@@ -157,9 +68,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             when the latest is corrupt. Defaults to `False`.
         delete_checkpoint: Delete `backup_dir` when training completes.
             Defaults to `True`.
+        async_save: If `True`, the training thread only takes the snapshot
+            and a background thread writes the backup, at most one write at a
+            time (the next backup waits for it). A writer error is raised on
+            every worker, with its cause, at the next epoch end (or backup);
+            `on_train_end` waits for the last write. Defaults to `False`.
 
     Raises:
-        ValueError: For an empty `backup_dir` or an invalid `save_freq` (as Keras).
+        ValueError: For an empty `backup_dir` or an invalid `save_freq` (as Keras),
+            or a non-boolean `async_save`.
 
     Example:
         >>> backup = kmp.callbacks.BackupAndRestore(backup_dir="/shared/run1/backup")
@@ -172,8 +89,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         save_freq: str | int = "epoch",
         double_checkpoint: bool = False,
         delete_checkpoint: bool = True,
+        *,
+        async_save: bool = False,
     ) -> None:
         super().__init__(backup_dir, save_freq, double_checkpoint, delete_checkpoint)
+        if not isinstance(async_save, bool):
+            raise ValueError(
+                f"async_save must be True or False. Received: async_save={async_save!r}"
+            )
+        _checkpoint_io.check_keras_internals()  # every backup is a snapshot
+        self.async_save = async_save
+        self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save,
+                                                     lambda record: None)
         self.backup_dir = os.fspath(backup_dir)
         if "://" in self.backup_dir:
             raise ValueError(
@@ -200,14 +127,19 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         collective.same_settings(  # they decide when backups (collective reads) happen
             {"save_freq": self.save_freq, "double_checkpoint": bool(self.double_checkpoint),
-             "delete_checkpoint": bool(self.delete_checkpoint)},
+             "delete_checkpoint": bool(self.delete_checkpoint), "async_save": self.async_save},
             type(self).__name__, self.model.distribute_strategy,
         )
+        self._saves.drain(wait=True)  # a write left by an interrupted fit
         self._restore()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
         self._last_batch_seen = 0
+        if self.async_save and self.save_freq != "epoch":  # else the backup checks
+            since = self._saves.since
+            self._saves.check(self.model.distribute_strategy,
+                              wait=since is not None and since < epoch)
         if self.save_freq == "epoch":
             self._backup()
 
@@ -216,6 +148,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._backup()
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self.async_save:
+            self._saves.check(self.model.distribute_strategy, wait=True)
+
         def delete() -> None:
             if self.delete_checkpoint and collective.is_chief() and os.path.exists(self.backup_dir):
                 shutil.rmtree(self.backup_dir)
@@ -235,13 +170,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if collective.spans_workers(strategy):
             check_shared(collective.all_gather(encode(latest, previous), strategy), self.backup_dir)
         source = pick(latest, previous)
-        if source == "latest" and not self._load(self._weights_path, strategy):
+        if latest is INCOMPLETE:
+            warnings.warn(
+                f"{type(self).__name__}: the first backup in {self.backup_dir!r} was "
+                "interrupted before it completed (its metadata exists, its weights do not); "
+                "there is no backup to restore, training starts from scratch.",
+                UserWarning, stacklevel=2,
+            )
+        cause = self._load(self._weights_path, strategy) if source == "latest" else None
+        if cause is not None:
             if not isinstance(previous, Snapshot):
-                raise OSError(f"Unable to load the backup {self._weights_path}.")
+                raise OSError(f"Unable to load the backup {self._weights_path}: {cause}")
             source = "previous"
         if source == "previous":
-            if not self._load(self._prev_weights_path, strategy):
-                raise OSError(f"Unable to load the backup {self._prev_weights_path}.")
+            cause = self._load(self._prev_weights_path, strategy)
+            if cause is not None:
+                raise OSError(f"Unable to load the backup {self._prev_weights_path}: {cause}")
             collective.together(  # as Keras: the previous backup becomes the latest
                 self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}",
                 strategy,
@@ -253,12 +197,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _look_both(self) -> tuple[Snapshot | str | None, Snapshot | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""
-        if collective.is_chief() and os.path.isdir(self.backup_dir):
-            for name in os.listdir(self.backup_dir):  # left by a writer that was killed
-                if _atomic.is_temp_name(name):
-                    _atomic.remove(os.path.join(self.backup_dir, name))
-        return (_look(self._weights_path, self._training_metadata_path),
-                _look(self._prev_weights_path, self._prev_training_metadata_path))
+        if collective.is_chief():  # left by a writer that was killed
+            _atomic.remove_stale_temps(self.backup_dir)
+        return (look(self._weights_path, self._training_metadata_path),
+                look(self._prev_weights_path, self._prev_training_metadata_path))
 
     def _promote_previous(self) -> None:
         if not collective.is_chief():
@@ -269,8 +211,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             os.remove(self._training_metadata_path)
         _copy_atomic(self._prev_weights_path, self._weights_path)
 
-    def _load(self, path: str, strategy: Any) -> bool:
-        """Loads `path` on every worker; `False` on all of them if one failed."""
+    def _load(self, path: str, strategy: Any) -> str | None:
+        """Loads `path` on every worker; on all of them, the first failure's cause, if any."""
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             with strategy.scope():
@@ -281,13 +223,19 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 scratch = tempfile.mkdtemp(prefix="kmp-restore-")
                 path = shutil.copyfile(path, os.path.join(scratch, "backup.weights.h5"))
             self.model.load_weights(path)
-            failed = False
-        except OSError:
-            failed = True
+            error = None
+        except OSError as err:
+            error = err
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        return not collective.agree(failed, strategy, how="any")
+        vector = _checkpoint_writer.encode_error(error)
+        if collective.spans_workers(strategy):
+            views = collective.all_gather(vector, strategy)
+            causes = [(i, _checkpoint_writer.decode_error(row)) for i, row in enumerate(views)]
+            failed = [f"worker {i}: {cause}" for i, cause in causes if cause is not None]
+            return "; ".join(failed) or None
+        return _checkpoint_writer.decode_error(vector)
 
     # --- backing up ------------------------------------------------------------
 
@@ -303,65 +251,31 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         return False
 
     def _backup(self) -> None:
-        collective.together(self._backup_here, f"{type(self).__name__}: writing {self._weights_path}",
-                            self.model.distribute_strategy)
+        strategy = self.model.distribute_strategy
+        if self.async_save:  # at most one write in flight; its error first, everywhere
+            self._saves.check(strategy, wait=True)
+        state = Snapshot(self._current_epoch, self._last_batch_seen, "")
+        self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),
+                         {"path": self._weights_path}, f"writing {self._weights_path}",
+                         strategy, self._current_epoch)
 
-    def _backup_here(self) -> None:
-        if not collective.is_chief():
-            scratch = tempfile.mkdtemp(prefix="kmp-backup-")
-            try:  # same reads of distributed variables as the chief, nothing kept
-                self.model.save_weights(os.path.join(scratch, "latest.weights.h5"))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-            return
+    def _write(self, snapshot: _checkpoint_io.Snapshot, state: Snapshot) -> None:
+        """The chief's backup, in the order `_backup_state` explains (training or writer thread)."""
         if self.double_checkpoint and os.path.exists(self._weights_path):
             if os.path.exists(self._training_metadata_path):
                 _copy_atomic(self._training_metadata_path, self._prev_training_metadata_path)
             _copy_atomic(self._weights_path, self._prev_weights_path)
-        state = Snapshot(self._current_epoch, self._last_batch_seen, "")
 
-        def write(staged: str) -> None:  # the metadata goes first: see `resolve`
+        def write(staged: str) -> None:  # the metadata goes first
             nonlocal state
-            self.model.save_weights(staged, overwrite=True)
-            state = dataclasses.replace(state, digest=_sha256(staged))
-            record = {**_record(state), "previous": _record(self._on_disk)}
+            snapshot.write(staged)
+            state = dataclasses.replace(state, digest=sha256(staged))
+            metadata = {**record(state), "previous": record(self._on_disk)}
             _atomic.atomic_write(self._training_metadata_path,
-                                 lambda path: _write_bytes(path, json.dumps(record).encode()))
+                                 lambda path: write_bytes(path, json.dumps(metadata).encode()))
 
         _atomic.atomic_write(self._weights_path, write, suffix=".weights.h5")
-        self._on_disk = state
-
-
-def _record(snapshot: Snapshot | None) -> dict | None:
-    if snapshot is None or snapshot.epoch is None:
-        return None
-    return {"epoch": snapshot.epoch, "batch": snapshot.batch, "weights_sha256": snapshot.digest}
-
-
-def _look(weights_path: str, metadata_path: str) -> Snapshot | str | None:
-    """What this worker sees of one backup (a `resolve` of its files)."""
-    metadata: Any = None
-    if os.path.exists(metadata_path):
-        try:
-            with open(metadata_path, "rb") as f:
-                metadata = json.loads(f.read())
-        except (OSError, ValueError):
-            metadata = CORRUPT
-    digest = _sha256(weights_path) if os.path.exists(weights_path) else None
-    return resolve(metadata, digest)
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
+        self._on_disk = state  # writes never overlap: the next one reads this
 
 
 def _copy_atomic(source: str, target: str) -> None:

@@ -10,7 +10,12 @@ Topics and payloads (stable, documented):
 
 - `"checkpoint_saved"`: `{"path": str, "epoch": int (0-based, as Keras),
   "batch": int | None, "is_best": bool, "monitor": str, "value": float | None}`,
-  published on the training thread after the file is complete at its final name.
+  published on the training thread after the file is complete at its final name,
+  on the chief worker only, at whatever batch the (background) writer finished:
+  listeners must not run collective operations (other workers are not calling
+  them: the job would hang) and should be quick (they run on the training
+  thread; hand slow work such as hashing or uploading the file to a thread of
+  their own, as `WandbLogger` does).
 - `"before_save"`: `{"epoch": int (0-based), "batch": int | None, "fit": int}`, where
   `fit` is `id(callback.params)`, the same for every callback of one `fit` call (a
   listener left subscribed by a `fit` that raised ignores other fits' saves); published by

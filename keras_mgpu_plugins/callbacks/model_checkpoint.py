@@ -14,27 +14,12 @@ change. A proxy model handed to Keras was the alternative; it would have to
 impersonate the whole `keras.Model` seen by `MonitorCallback` and by users of
 `self.model`, so overriding one method is the smaller dependency.
 
-What changes against Keras:
-
-- The decision is collective: the chief's monitored value is broadcast
-  (`collective.broadcast`, on every worker at every save point; local in one
-  process) and fed to Keras's decision, so every worker agrees.
-- Only the chief writes `filepath`. Other workers read the variables as the
-  save would (that may be a collective operation) and keep nothing.
-- The file is written beside its final name, `fsync`ed, then `os.replace`d
-  (a remote path: written locally, then copied into place; see `_atomic`).
-  At train begin the chief removes the temporaries a killed save left.
-- Arguments that decide where collectives run are checked to be the same on
-  every worker at train begin (`collective.same_settings`).
-- `model=template`: the template receives the trained weights (by value) and
-  is saved instead of the trained model.
-- `async_save=True`: the checkpoint is copied to host memory on the training
-  thread and written by one background thread.
-- Each complete checkpoint is published as a `"checkpoint_saved"` event.
-
-The synchronous chief save is Keras's public `model.save`/`save_weights` into
-the temporary file. Asynchronous copies and the non-chief reads go through
-`_checkpoint_io`, which uses Keras's saving internals through `compat`.
+What changes against Keras is listed in the class docstring. Saves follow
+the one scheme of `_checkpoint_writer` (every worker snapshots, the chief
+writes, errors reach every worker with their cause); files are atomic
+(`_atomic`); the decision rules are `_checkpoint_rules`'.
+Snapshots and their files are `_checkpoint_io`'s, which uses Keras's saving
+internals through `compat`.
 """
 
 from __future__ import annotations
@@ -49,7 +34,7 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, compat
-from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, events
+from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer, events
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
     check_template,
@@ -94,14 +79,16 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             `template.set_weights(trained.get_weights())`) before each save,
             on every worker. Nothing is copied when the template's variables
             are the trained model's own.
-        async_save: If `True`, the checkpoint is copied to host memory on the
-            training thread and written by a background thread, at most one
-            write at a time (the next save waits for it). A writer error is
-            raised on the training thread, on every worker at the same point:
-            at the first epoch end or save point after the write failed, and
-            at the latest at the end of the epoch after the one that saved (a
-            write still running then is waited for). `on_train_end` waits for
-            the last write. Copying needs the host memory of one checkpoint.
+        async_save: If `True`, the training thread only takes the snapshot
+            (reads of the variables, no copy on CPU: see `_checkpoint_io`) and
+            a background thread serialises and writes it, at most one write
+            at a time (the next save waits for it). A writer error is raised
+            on the training thread, on every worker at the same point, with
+            its cause: at the first epoch end or save point after the write
+            failed, and at the latest at the end of the epoch after the one
+            that saved (a write still running then is waited for).
+            `on_train_end` waits for the last write. A pending write holds one
+            more copy of the variables that training updated meanwhile.
 
     Raises:
         ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
@@ -154,15 +141,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             raise ValueError(
                 f"async_save must be True or False. Received: async_save={async_save!r}"
             )
-        if async_save:
-            _checkpoint_io.check_keras_internals()
+        _checkpoint_io.check_keras_internals()  # every save is a snapshot
         self.template = model
         self.async_save = async_save
         self._initial_value_threshold = initial_value_threshold  # `best` moves; this does not
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
-        self._writer = _checkpoint_io.BackgroundWriter() if async_save else None
-        self._writer_error: BaseException | None = None  # the chief's, until all raise it
-        self._writing_since: int | None = None  # epoch of the save the writer may be busy with
+        self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
+        self._writer = self._saves.writer
         self._flush = _weak_flush(self)  # the channel must not keep this callback alive
 
     # --- hooks ------------------------------------------------------------------
@@ -173,10 +158,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         collective.same_settings(self._collective_settings(), type(self).__name__, strategy)
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
-        if collective.num_workers() > 1:
-            _checkpoint_io.check_keras_internals()  # the same answer on every worker
         directory = os.path.dirname(self.filepath.split("{", 1)[0])
-        problem = _folder_problem(directory) if collective.is_chief() else None
+        problem = _atomic.prepare_folder(directory) if collective.is_chief() else None
         if collective.agree(problem is not None, strategy, how="chief"):
             where = problem or "the chief worker cannot write there (see its error)"
             raise PermissionError(
@@ -200,13 +183,14 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._drain()
         if self._writer is not None and self.save_freq != "epoch":  # else the save point checks
             # a write started in an earlier epoch has had an epoch: its outcome is due now
-            self._check_writer(wait=self._writing_since is not None and self._writing_since < epoch)
+            since = self._saves.since
+            self._saves.check(self._strategy(), wait=since is not None and since < epoch)
         super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._writer is not None:
             events.unsubscribe(self.model, "flush", self._flush)
-            self._check_writer(wait=True)
+            self._saves.check(self._strategy(), wait=True)
 
     # --- saving -----------------------------------------------------------------
 
@@ -228,29 +212,19 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 f"Filepath used is an existing directory: {filepath}"
                 + ("" if collective.is_chief() else " (on the chief worker)")
             )
-        collective.together(lambda: self._save_here(record, filepath),
-                            f"{type(self).__name__}: saving {filepath}", self._strategy())
-
-    def _save_here(self, record: dict[str, Any], filepath: str) -> None:
-        """This worker's part of a save: the chief writes, the others read along."""
-        target = self._model_to_save()
-        if not collective.is_chief():  # read what the chief's save reads (may be collective)
-            _checkpoint_io.take_snapshot(target, self._kind, keep=False)
-        elif self.async_save:
-            snapshot = _checkpoint_io.take_snapshot(target, self._kind)
-            self._writer.submit(lambda: self._write(snapshot.write, filepath), record)
-            self._writing_since = record["epoch"]
-        else:
-            self._write(lambda tmp: self._keras_save(target, tmp), filepath)
-            self._saved(record)
+        self._saves.save(
+            self._model_to_save(), self._kind,
+            lambda snapshot: self._write(snapshot.write, filepath),
+            record, f"saving {filepath}", self._strategy(), record["epoch"])
 
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        flags = [self._writer_error is not None, chief and _atomic.isdir(filepath)]
-        local = np.append(encode_monitored(logs.get(self.monitor)), flags)
+        error = _checkpoint_writer.encode_error(self._saves.error if chief else None)
+        flags = [chief and _atomic.isdir(filepath)]
+        local = np.concatenate([encode_monitored(logs.get(self.monitor)), flags, error])
         chief_value = collective.broadcast(local, self._strategy())
-        self._raise_writer_error(bool(chief_value[2]))
+        self._saves.raise_chief_error(chief_value[3:])
         with self._quiet_unless(chief):
             decided = agreed_logs(logs, self.monitor, chief_value[:2])
             if not self._should_save_model(epoch, batch, decided, filepath):
@@ -263,7 +237,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "is_best": bool(self.save_best_only and value is not None),
             "monitor": self.monitor,
             "value": value,
-            "chief_path_is_dir": bool(chief_value[3]),
+            "chief_path_is_dir": bool(chief_value[2]),
         }
 
     def _collective_settings(self) -> dict[str, Any]:
@@ -284,13 +258,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         copy_weights(self.model, self.template)
         return self.template
 
-    def _keras_save(self, model: keras.Model, path: str) -> None:
-        if self.save_weights_only:
-            model.save_weights(path, overwrite=True)
-        else:
-            model.save(path, overwrite=True)
-
     def _write(self, write: Any, filepath: str) -> None:
+        """The chief's write (training thread, or writer thread with `async_save=True`)."""
         _atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
 
     def _saved(self, record: dict[str, Any]) -> None:
@@ -300,50 +269,9 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             )
         events.publish(self.model, "checkpoint_saved", dict(record))
 
-    def _check_writer(self, wait: bool) -> None:
-        """Raises the chief's writer error on every worker (epoch ends, train end).
-
-        One agreement on the chief's flag: a collective only when the strategy
-        spans workers, and only with `async_save=True` (the caller's check).
-        """
-        self._drain(wait=wait)
-        failed = collective.agree(self._writer_error is not None, self._strategy(), how="chief")
-        self._raise_writer_error(failed)
-
     def _drain(self, wait: bool = False) -> None:
-        """Publishes finished background writes; keeps the first writer error.
-
-        The error is raised at the next epoch end or train end
-        (`_check_writer`) or save point (`_decide`), on every worker at once
-        (the chief's flag travels in a collective), never on the chief alone
-        while the others wait in a collective.
-        """
-        if self._writer is None:
-            return
-        if wait:
-            self._writer.wait()
-            self._writing_since = None
-        for record, error in self._writer.collect():
-            if error is None:
-                self._saved(record)
-            elif self._writer_error is None:
-                if hasattr(error, "add_note"):  # Python 3.11+
-                    error.add_note(
-                        f"Raised in {type(self).__name__}'s background writer while "
-                        f"saving {record['path']} (async_save=True)."
-                    )
-                self._writer_error = error
-
-    def _raise_writer_error(self, chief_failed: bool) -> None:
-        if not chief_failed:
-            return
-        error, self._writer_error = self._writer_error, None
-        if error is not None:
-            raise error
-        raise RuntimeError(
-            f"{type(self).__name__}(async_save=True): the chief's background writer failed "
-            "to write a checkpoint; its error is in the chief's log. Every worker stops here."
-        )
+        """Publishes finished background writes; keeps the first writer error."""
+        self._saves.drain(wait=wait)
 
     @contextlib.contextmanager
     def _quiet_unless(self, chief: bool) -> Iterator[None]:
@@ -353,20 +281,6 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             yield
         finally:
             self.verbose = verbose
-
-
-def _folder_problem(directory: str) -> str | None:
-    """On the chief: why checkpoints cannot be written in `directory`, or `None`.
-
-    Also removes the temporaries that a process killed mid-save left there.
-    """
-    problem = _atomic.writable_problem(directory)
-    if problem is None:
-        try:
-            _atomic.remove_stale_temps(directory)
-        except OSError as err:
-            problem = f"{directory!r} cannot be listed ({err.strerror or err})"
-    return problem
 
 
 def _weak_flush(callback: ModelCheckpoint) -> Any:

@@ -19,7 +19,6 @@ import platform
 import secrets
 import sys
 import weakref
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -27,11 +26,11 @@ import numpy as np
 
 from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.integrations._wandb_artifacts import ArtifactQueue
 from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
     batch_sizes,
     batches_between_logs,
-    checkpoint_aliases,
     format_group_id,
     worker_run_name,
 )
@@ -122,6 +121,7 @@ class WandbLogger(keras.callbacks.Callback):
         if self.log_every:  # a batch hook only when batch logs are asked for
             self.on_train_batch_end = self._log_batch
         self._listeners = _weak_listeners(self, "_on_checkpoint", "_on_device_metrics")
+        self._artifacts = ArtifactQueue()
 
     def set_model(self, model: Any) -> None:
         previous = getattr(self, "_model", None)
@@ -173,6 +173,7 @@ class WandbLogger(keras.callbacks.Callback):
         # Ask producers to publish what is still pending (an async checkpoint write)
         # before the run closes, whether their on_train_end runs before or after.
         events.publish(self.model, FLUSH_TOPIC, {"reason": "train_end"})
+        self._artifacts.wait()
         run, self.run, self._steps, self._logs_here = self.run, None, None, False
         if run is not None and self._owns_run:
             run.finish()
@@ -229,16 +230,7 @@ class WandbLogger(keras.callbacks.Callback):
             return
         if not self._wait_or_drop("checkpoint_saved", payload):
             return
-        import wandb
-
-        path = Path(payload["path"])
-        metadata = {k: payload.get(k) for k in ("epoch", "batch", "monitor", "value", "is_best")}
-        artifact = wandb.Artifact(f"model-{self.run.id}", type="model", metadata=metadata)
-        if path.is_dir():
-            artifact.add_dir(str(path))
-        else:
-            artifact.add_file(str(path))
-        self.run.log_artifact(artifact, aliases=checkpoint_aliases(payload))
+        self._artifacts.log(self.run, payload)  # hashed and uploaded off the training thread
 
 
 # --- what the run records -------------------------------------------------------------

@@ -193,13 +193,32 @@ def test_api_key_is_never_written_or_printed(wandb_dir, monkeypatch, capfd):
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("logger_first", [True, False], ids=["logger-first", "logger-last"])
-def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, async_save):
-    """Whatever the order; logger first + async relies on the 'flush' topic."""
+def test_kmp_model_checkpoint_files_become_artifacts(wandb_dir, logger_first, async_save,
+                                                    monkeypatch):
+    """Whatever the order; logger first + async relies on the 'flush' topic. The artifact
+    is hashed off the training thread, from the content of the save that announced it."""
+    import threading
+
+    import wandb
+
     from keras_mgpu_plugins.callbacks import model_checkpoint as module
     path = wandb_dir / "best.keras"
     checkpoint = module.ModelCheckpoint(str(path), monitor="loss", save_best_only=True, async_save=async_save)
     logger = WandbLogger(project="kmp-test")
-    _, history = fit([logger, checkpoint] if logger_first else [checkpoint, logger], epochs=3)
+    hashed_on, saved = [], []
+    real_add_file = wandb.Artifact.add_file
+    monkeypatch.setattr(wandb.Artifact, "add_file", lambda self, *args, **kwargs: (
+        hashed_on.append(threading.current_thread()) or real_add_file(self, *args, **kwargs)))
+
+    class Watch(keras.callbacks.Callback):  # the file's content when its event fires
+        def on_train_begin(self, logs=None):
+            events.subscribe(self.model, "checkpoint_saved",
+                             lambda payload: saved.append(b64_md5(payload["path"])))
+
+    callbacks = [logger, checkpoint] if logger_first else [checkpoint, logger]
+    _, history = fit([Watch(), *callbacks], epochs=3)
+    assert len(hashed_on) == 3 and threading.main_thread() not in hashed_on
+    assert [a["files"]["best.keras"] for a in only_run(wandb_dir).artifacts] == saved
     assert np.all(np.diff(history["loss"]) < 0)  # each epoch is the best so far: 3 saves
     run = only_run(wandb_dir)
     arts = run.artifacts

@@ -178,6 +178,36 @@ def test_evaluate_copies_weights_and_template_loads_are_taken_in():
     )
 
 
+def test_predict_in_a_loop_reads_no_weight_until_the_template_is_given_some(monkeypatch):
+    """Legacy loops call predict often: with nothing changed, no weight is read."""
+    from keras_mgpu_plugins import _multi_gpu_link
+
+    x, _ = data()
+    model = sequential()
+    parallel_model = replicate(model)
+    parallel_model.compile(optimizer="sgd", loss="mse")
+    reads = []
+    real_get, real_fingerprint = keras.Model.get_weights, _multi_gpu_link.weights_fingerprint
+    monkeypatch.setattr(keras.Model, "get_weights",
+                        lambda self: reads.append(self.name) or real_get(self))
+    monkeypatch.setattr(_multi_gpu_link, "weights_fingerprint",
+                        lambda weights: reads.append("fingerprint") or real_fingerprint(weights))
+    first = parallel_model.predict(x, verbose=0)
+    for _ in range(3):
+        np.testing.assert_array_equal(parallel_model.predict(x, verbose=0), first)
+    assert reads == []
+    loaded = [np.full_like(w, 0.01) for w in real_get(model)]
+    model.set_weights(loaded)  # as model.load_weights(...) would: taken in at the next call
+    reference = sequential()
+    reference.set_weights(loaded)
+    np.testing.assert_allclose(parallel_model.predict(x, verbose=0),
+                               reference.predict(x, verbose=0), rtol=1e-6)
+    assert reads and "fingerprint" in reads
+    reads.clear()
+    parallel_model.predict(x, verbose=0)
+    assert reads == []
+
+
 def test_changing_both_warns_and_keeps_the_parallel_weights():
     model = sequential()
     parallel_model = replicate(model)

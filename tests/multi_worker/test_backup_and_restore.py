@@ -176,18 +176,24 @@ def test_backup_not_on_shared_storage_fails_fast_on_every_worker(tmp_path):
 
 
 def batch_backups(backup_dir):
-    """Backups every 3 batches, keeping the previous one: what the chief leaves on disk."""
+    """Backups every 3 batches, keeping the previous one: what the chief leaves on disk,
+    written synchronously, then in the background (`async_save=True`, in `backup_dir`_async)."""
     from keras_mgpu_plugins.callbacks import BackupAndRestore
 
-    backup = BackupAndRestore(backup_dir, save_freq=3, double_checkpoint=True,
-                              delete_checkpoint=False)
-    model, _ = train([backup], epochs=2)
-    return {"files": sorted(os.listdir(backup_dir)), "weights": model.get_weights()}
+    results = {}
+    for folder, async_save in ((backup_dir, False), (backup_dir + "_async", True)):
+        backup = BackupAndRestore(folder, save_freq=3, double_checkpoint=True,
+                                  delete_checkpoint=False, async_save=async_save)
+        model, _ = train([backup], epochs=2)
+        results[async_save] = {"files": sorted(os.listdir(folder)), "weights": model.get_weights()}
+    return results
 
 
-def test_batch_backups_written_by_the_chief_alone(tmp_path):
-    backup_dir = str(tmp_path / "backup")
-    results = kmp.launch(batch_backups, num_workers=2, args=(backup_dir,), timeout=200)
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_batch_backups_written_by_the_chief_alone(async_save, _batch_runs):
+    backup_dir, runs = _batch_runs
+    results = [run[async_save] for run in runs]
+    backup_dir += "_async" if async_save else ""
     expected = ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json",
                 "training_metadata.json.bkp"]
     assert results[0]["files"] == results[1]["files"] == expected  # no temporary files
@@ -202,6 +208,12 @@ def test_batch_backups_written_by_the_chief_alone(tmp_path):
     assert_bit_identical(results[0]["weights"], results[1]["weights"])
 
 
+@pytest.fixture(scope="module")
+def _batch_runs(tmp_path_factory):
+    backup_dir = str(tmp_path_factory.mktemp("batches") / "backup")
+    return backup_dir, kmp.launch(batch_backups, num_workers=2, args=(backup_dir,), timeout=200)
+
+
 def backup_blocked_on_the_chief(backup_dir):
     """After the first backup, a folder takes the backup's name on the chief's disk."""
     import keras
@@ -213,29 +225,46 @@ def backup_blocked_on_the_chief(backup_dir):
             os.remove(os.path.join(backup_dir, "latest.weights.h5"))
             os.makedirs(os.path.join(backup_dir, "latest.weights.h5", "in_the_way"))
 
+    def block_before_the_first(epoch, logs):  # the background write will fail
+        if kmp.topology().is_chief and epoch == 0:
+            os.makedirs(os.path.join(backup_dir + "_3", "latest.weights.h5", "in_the_way"))
+
     errors = []
     for callbacks in (
         [BackupAndRestore(backup_dir), keras.callbacks.LambdaCallback(on_epoch_end=block)],
         [BackupAndRestore(backup_dir + "_2", save_freq="epoch" if kmp.topology().is_chief else 2)],
+        [BackupAndRestore(backup_dir + "_3", async_save=True),
+         keras.callbacks.LambdaCallback(on_epoch_begin=block_before_the_first)],
     ):
+        began: list[int] = []
+        seen = keras.callbacks.LambdaCallback(
+            on_epoch_begin=lambda e, logs, began=began: began.append(e))
         try:
-            train(callbacks)
+            train([*callbacks, seen])
             errors.append(None)
         except Exception as err:  # noqa: BLE001 - the test checks what each worker raised
             errors.append(f"{type(err).__name__}: {err}")
+        errors.append(began)
     return errors
 
 
 def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(tmp_path):
     backup_dir = str(tmp_path / "backup")
-    (chief, differing_0), (other, differing_1) = kmp.launch(
-        backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,), timeout=200)
+    results = kmp.launch(backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,),
+                         timeout=200)
+    (chief, _, differing_0, _, chief_async, chief_began), (other, _, differing_1, _, other_async,
+                                                           other_began) = results
     for differing, here in ((differing_0, "'epoch'"), (differing_1, "2")):  # before any backup
         assert differing.startswith("SettingsDifferError: BackupAndRestore must be created with")
         assert differing.endswith(f"save_freq (here {here}; differs from the chief's on worker(s) 1).")
     assert not os.path.exists(backup_dir + "_2")
     assert chief.startswith(("IsADirectoryError", "OSError")) and "latest.weights.h5" in chief
-    assert other == (
-        f"PeerFailedError: BackupAndRestore: writing {backup_dir}/latest.weights.h5 failed on "
-        "worker(s) 0; the error is in that worker's log. Every worker stops here."
-    )
+    assert other.startswith(
+        f"PeerFailedError: BackupAndRestore: writing {backup_dir}/latest.weights.h5 failed "
+        f"(worker 0: {chief[:60]}")  # with the chief's own error
+    # async_save=True: the first backup's background write fails on the chief; both workers
+    # raise it at the next backup (the end of epoch 1), the chief its own error
+    assert chief_async.startswith(("IsADirectoryError", "OSError"))
+    assert other_async.startswith("PeerFailedError: BackupAndRestore(async_save=True): the "
+                                  "chief's background writer failed (IsADirectoryError")
+    assert chief_began == other_began == [0, 1]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import _atomic
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -106,7 +107,17 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     }
 
 
-STALE = ".c01.kmp-tmp-999999-0badf00d.keras"  # left by a writer killed in an earlier job
+def _dead_pid():
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+# left by a writer of this host killed in an earlier job (its pid no longer runs)
+STALE = f".c01.kmp-tmp-{_atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
 
 
 def launch_in(tmp_path, stale=(), **kwargs):
@@ -227,7 +238,10 @@ def test_unwritable_folder_stops_both_workers_before_training(tmp_path):
 
 
 def failing_saves(folder):
-    """Three fits whose saves fail on the chief alone; what each worker raised, and when."""
+    """Fits whose saves fail on the chief alone; what each worker raised, and when."""
+    import resource
+    import signal
+
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -241,8 +255,10 @@ def failing_saves(folder):
 
     @kmp.parallelize
     def build(unwritable):
-        extra = [Unwritable()] if unwritable else []
-        model = keras.Sequential([keras.Input((2,)), *extra, keras.layers.Dense(1)])
+        extra = [Unwritable()] if unwritable is True else []
+        width = 64 if unwritable == "big" else 2  # big: 64 KB of weights
+        model = keras.Sequential([keras.Input((width,)), *extra, keras.layers.Dense(width * 4),
+                                  keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
         return model
 
@@ -253,6 +269,9 @@ def failing_saves(folder):
         "async_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True,
                                     async_save=True)),
         "sync_writer": (True, dict(filepath="{epoch}.weights.h5", save_weights_only=True)),
+        # the chief's file system refuses the write midway (RLIMIT_FSIZE: EFBIG, like ENOSPC;
+        # a .keras zip: h5py's C library can crash on a failed write to an .h5 file)
+        "sync_file_too_large": ("big", dict(filepath="{epoch}.keras")),
         # only the chief's filepath leads to the folder; worker 1's would save fine
         "chief_path_is_dir": (False, dict(filepath="dir/{epoch}.keras" if chief else "x/{epoch}.keras")),
         # 2 batches an epoch: saves end epochs 3 and 6; the first save fails on the chief
@@ -267,12 +286,19 @@ def failing_saves(folder):
         marker = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs, begun=begun: begun.append(epoch))
         kwargs["filepath"] = os.path.join(folder, case, kwargs["filepath"])
         checkpoint = kmp.callbacks.ModelCheckpoint(**kwargs)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if case == "sync_file_too_large" and chief:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, limit[1]))
+        width = 64 if unwritable == "big" else 2
         try:
-            build(unwritable).fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=6,
+            build(unwritable).fit(np.ones((8, width)), np.ones((8, 1)), batch_size=4, epochs=6,
                                   verbose=0, callbacks=[checkpoint, marker])
             error = None
         except Exception as err:  # noqa: BLE001 - the test reports what each worker raised
             error = f"{type(err).__name__}: {err}"
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         out[case] = {"error": error, "begun": begun}
     return out
 
@@ -321,13 +347,26 @@ def test_settings_that_differ_between_workers_stop_both_before_training(failing)
 def test_sync_write_error_on_the_chief_stops_both_workers_at_that_save(failing):
     folder, (chief, other) = failing
     chief, other = chief["sync_writer"], other["sync_writer"]
-    assert chief["error"] is not None and "another worker" not in chief["error"]
-    assert other["error"] == (
-        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_writer/1.weights.h5 failed on "
-        "worker(s) 0; the error is in that worker's log. Every worker stops here."
-    )
+    assert chief["error"] is not None and "worker 0" not in chief["error"]
+    cause = chief["error"][:100]  # the chief's own error, carried to worker 1
+    assert other["error"].startswith(
+        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_writer/1.weights.h5 failed "
+        f"(worker 0: {cause}")
+    assert other["error"].endswith("Every worker stops here.")
     assert chief["begun"] == other["begun"] == [0]
     assert os.listdir(folder / "sync_writer") == []
+
+
+def test_a_chief_whose_file_system_refuses_the_write_stops_both_with_the_cause(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["sync_file_too_large"], other["sync_file_too_large"]
+    assert chief["error"].startswith("OSError") and "File too large" in chief["error"]
+    assert other["error"].startswith(
+        f"PeerFailedError: ModelCheckpoint: saving {folder}/sync_file_too_large/1.keras "
+        "failed (worker 0: OSError")
+    assert "File too large" in other["error"]
+    assert chief["begun"] == other["begun"] == [0]  # both stopped at the first save
+    assert os.listdir(folder / "sync_file_too_large") == []  # the cut temporary is gone
 
 
 def test_chief_filepath_that_is_a_folder_stops_both_workers_at_that_save(failing):

@@ -8,6 +8,7 @@ import pytest
 
 from keras_mgpu_plugins.callbacks.backup_and_restore import (
     CORRUPT,
+    INCOMPLETE,
     BackupAndRestore,
     BackupNotSharedError,
     Snapshot,
@@ -52,8 +53,15 @@ def test_weights_without_metadata_load_and_keep_the_epoch_as_keras():
     assert resolve(None, A) == Snapshot(None, 0, A)
 
 
-@pytest.mark.parametrize("metadata", [meta(1, A), CORRUPT])
-def test_metadata_without_weights_or_unreadable_is_corrupt(metadata):
+def test_killed_during_the_first_backup_is_no_backup():
+    # The chief replaced the metadata of the first backup, and died before the weights.
+    assert resolve(meta(1, A), None) is INCOMPLETE
+    assert pick(INCOMPLETE, None) is None  # start from scratch, not "corrupt"
+    assert pick(INCOMPLETE, Snapshot(0, 0, B)) is None
+
+
+@pytest.mark.parametrize("metadata", [meta(2, B, previous=meta(1, A)), {"epoch": 2}, CORRUPT])
+def test_metadata_without_weights_after_a_whole_backup_or_unreadable_is_corrupt(metadata):
     assert resolve(metadata, None if metadata is not CORRUPT else A) is CORRUPT
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -351,7 +353,11 @@ def test_unwritable_folder_fails_in_on_train_begin(tmp_path, async_save):
 
 
 def test_train_begin_removes_temporaries_a_killed_save_left(tmp_path):
-    stale = [".1.kmp-tmp-999999-0badf00d.keras", ".best.kmp-tmp-4242-12345678.weights.h5"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid no longer runs
+    host = _atomic.host_tag()
+    stale = [f".1.kmp-tmp-{host}-{dead.pid}-0badf00d.keras",
+             f".best.kmp-tmp-{host}-{dead.pid}-12345678.weights.h5"]
     kept = ["notes.txt", ".hidden", "old.keras"]
     for name in stale + kept:
         (tmp_path / name).write_bytes(b"partial")

@@ -116,18 +116,56 @@ def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, mo
     assert os.listdir(tmp_path) == []
 
 
-def test_remove_stale_temps_removes_only_other_processes_temporaries(tmp_path):
-    stale = [".a.kmp-tmp-999999-0badf00d.keras", ".b.kmp-tmp-1-12345678.weights.h5"]
-    kept = ["a.keras", ".hidden", "x.kmp-tmp-1-2.keras",  # not made by temp_path
-            os.path.basename(_atomic.temp_path(str(tmp_path / "c.keras"), ".keras"))]  # ours
-    for name in stale + kept:
-        (tmp_path / name).write_bytes(b"")
-    (tmp_path / ".d.kmp-tmp-7-abcdef01.keras").mkdir()  # a folder-shaped leftover
-    removed = _atomic.remove_stale_temps(str(tmp_path))
-    assert sorted(removed) == sorted(stale + [".d.kmp-tmp-7-abcdef01.keras"])
-    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+def _temp_of(folder, name, host, pid):
+    """A temporary named as `temp_path` names it, for another host or process."""
+    path = folder / f".{name}{_atomic.TEMP_MARKER}{host}-{pid}-0badf00d.keras"
+    path.write_bytes(b"partial")
+    return path.name
+
+
+def test_remove_stale_temps_keeps_live_writers_of_any_job_and_host(tmp_path):
+    here = _atomic.host_tag()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        kept = [
+            "a.keras", ".hidden", "x.kmp-tmp-1-2.keras",  # not made by temp_path
+            os.path.basename(_atomic.temp_path(str(tmp_path / "c.keras"), ".keras")),  # ours
+            _temp_of(tmp_path, "live", here, live.pid),  # a second job, still writing
+            _temp_of(tmp_path, "remote", "other_host", dead.pid),  # another host's, fresh
+            ".old.kmp-tmp-999999-0badf00d.keras",  # an older name format, fresh
+        ]
+        (tmp_path / kept[0]).write_bytes(b"")
+        (tmp_path / kept[1]).write_bytes(b"")
+        (tmp_path / kept[2]).write_bytes(b"")
+        (tmp_path / kept[3]).write_bytes(b"")
+        (tmp_path / kept[6]).write_bytes(b"")
+        stale = [_temp_of(tmp_path, "dead", here, dead.pid),  # its writer died
+                 _temp_of(tmp_path, "ancient", "other_host", live.pid)]  # untouched for days
+        old = time.time() - _atomic.STALE_AFTER_S - 60
+        os.utime(tmp_path / stale[1], (old, old))
+        folder = tmp_path / f".d{_atomic.TEMP_MARKER}{here}-{dead.pid}-abcdef01.keras"
+        folder.mkdir()  # a folder-shaped leftover
+        removed = _atomic.remove_stale_temps(str(tmp_path))
+        assert sorted(removed) == sorted(stale + [folder.name])
+        assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    finally:
+        live.kill()
+        live.wait()
     assert _atomic.remove_stale_temps(str(tmp_path / "missing")) == []
     assert _atomic.remove_stale_temps("gs://bucket/ckpt") == []
+
+
+def test_temp_names_carry_host_and_pid_and_the_rule_reads_them():
+    name = os.path.basename(_atomic.temp_path("/x/m.keras", ".keras"))
+    assert f"{_atomic.TEMP_MARKER}{_atomic.host_tag()}-{os.getpid()}-" in name
+    assert _atomic.host_tag("node-3.cluster.local") == "node_3_cluster_local"
+    assert not _atomic.is_stale(name, 10.0)  # this process lives
+    assert _atomic.is_stale(name, 10.0, alive=lambda pid: False)
+    assert not _atomic.is_stale(name, 10.0, host="elsewhere", alive=lambda pid: False)
+    assert _atomic.is_stale(name, _atomic.STALE_AFTER_S + 1, host="elsewhere")
+    assert not _atomic.is_stale("m.keras", 1e9)
 
 
 # --- SIGKILL during a loop of saves ----------------------------------------------------
@@ -194,7 +232,7 @@ def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
-    rng = random.Random(os.getpid())
+    rng = random.Random(17)  # seeded: the same kill moments every run (bounded by deadlines)
     leftovers = 0
     for i, (name, weights_only, async_save) in enumerate(KILL_CASES):
         folder = tmp_path / f"case{i}"

@@ -133,8 +133,16 @@ def test_snapshot_writes_what_keras_writes(tmp_path, kind):
         assert h5_content(ours.read_bytes()) == h5_content(theirs.read_bytes())
 
 
-def test_snapshot_without_keep_reads_and_keeps_nothing():
+def test_snapshot_reads_the_variables_without_copying_them():
+    """The training thread's share of a save: reads that share the variables' buffers."""
+    import tensorflow as tf
+
     model = trained_model()
-    for kind in ("keras", "weights", "h5"):
-        snapshot = _checkpoint_io.take_snapshot(model, kind, keep=False)
-        assert snapshot.entries == [] and snapshot.h5_bytes is None and snapshot.config_json is None
+    for kind in ("keras", "weights"):
+        snapshot = _checkpoint_io.take_snapshot(model, kind)
+        held = [v for _, _, entry in snapshot.entries for v in entry.values()]
+        variables = model.weights + model.optimizer.variables
+        assert len(held) >= len(variables) and all(tf.is_tensor(v) for v in held)
+        buffers = [np.asarray(tf.identity(v.value)) for v in variables]
+        arrays = [np.asarray(v) for v in held]
+        assert all(any(np.shares_memory(a, b) for a in arrays) for b in buffers if b.size)
