@@ -137,7 +137,7 @@ class WandbLogger(keras.callbacks.Callback):
         if self.mode == "group":
             self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), strategy)
         error = None
-        self._logs_here = self.mode == "group" or collective.is_chief()
+        self._logs_here = self.mode == "group" or collective.is_chief(strategy)
         if self._logs_here:
             try:
                 self._open_run(strategy)
