@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from keras_mgpu_plugins import _keras_private as private
+from keras_mgpu_plugins import _compat_graph as private
 
 #: The graph of each placed model's last traced train step (read by tests and debugging).
 TRACED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins import compat
+from keras_mgpu_plugins import _compat_patches, compat
 from tests import fit_settings_scenarios as s
 
 pytestmark = pytest.mark.timeout(300)
@@ -168,12 +168,12 @@ def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given()
         compat.unpatch_keras()
         try:
             kmp.parallelize(strategy=strategy)(s.model_factory())()
-            assert set(compat._applied) == {p.name for p in compat.PATCHES}
+            assert set(_compat_patches._applied) == {p.name for p in compat.PATCHES}
         finally:
             compat.patch_keras()
     compat.unpatch_keras()
     try:
         kmp.parallelize(strategy="default")(s.model_factory())()
-        assert compat._applied == {}  # one device: Keras as released
+        assert _compat_patches._applied == {}  # one device: Keras as released
     finally:
         compat.patch_keras()

@@ -208,10 +208,10 @@ def test_bad_input():
     def scoped():
         inp = keras.Input((2,))
         with tf.device("/cpu:5"):
-            out = keras.layers.Dense(1)(inp)
+            out = keras.layers.Dense(1, name="scoped_dense")(inp)
         return keras.Model(inp, out)
 
-    with pytest.raises(ValueError, match=r"around 'dense': device '.*CPU:5' does not exist"):
+    with pytest.raises(ValueError, match=r"around 'scoped_dense': device '.*CPU:5' does not exist"):
         scoped()
 
     def one_layer():

@@ -227,9 +227,10 @@ def fit_under_own_strategy():
     import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins import _compat_patches
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    assert not kmp.compat._applied  # nothing has patched Keras in this worker yet
+    assert not _compat_patches._applied  # nothing has patched Keras in this worker yet
     x, y = make_data()
     model = kmp.parallelize(strategy=strategy)(build_model)()
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0)

@@ -4,7 +4,8 @@ Each `compat.PRIVATE_USES` entry is checked (names, signatures, calls) and
 exercised in a real `fit` or save with the installed Keras, so a Keras upgrade
 that renames or reshapes one fails here first, with the name of what changed.
 The version policy (`compat.require`) is tested by pretending other versions.
-The last tests scan the package: no module but `compat` reaches into Keras.
+The last tests scan the package: no module but `compat` (and its private
+`_compat_*` / `_keras_private` modules) reaches into Keras.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins import _keras_private, compat
+from keras_mgpu_plugins import _compat_patches, _keras_private, compat
 from keras_mgpu_plugins.callbacks import BackupAndRestore, ModelCheckpoint
 
 PACKAGE = pathlib.Path(kmp.__file__).parent
-COMPAT_FILES = {"compat.py", "_keras_private.py"}
+COMPAT_FILES = {"compat.py", "_keras_private.py"}  # and every _compat_*.py
 
 
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     monkeypatch.setattr(_keras_private, "_warned", set())
+    forget_checks(monkeypatch)
+
+
+def forget_checks(monkeypatch):
+    """`require` checks afresh (its cache is per Keras version; these tests change Keras)."""
+    monkeypatch.setattr(_keras_private, "_checked", {})
 
 
 def tiny_model(rows=10, seed=0):
@@ -175,6 +182,7 @@ def test_use_print_msg(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
     # the documented fallback where Keras's print_msg is gone
     monkeypatch.delattr("keras.src.utils.io_utils.print_msg")
+    forget_checks(monkeypatch)  # the same Keras version, changed under the cache
     with pytest.warns(UserWarning, match="print_msg is missing"):
         compat.keras_print_msg("still printed")
     assert capsys.readouterr().out == "still printed\n"
@@ -270,7 +278,7 @@ def test_the_code_each_patch_fixes_is_in_the_installed_keras():
 def unpatched(monkeypatch):
     """No patch applied and no patch warning given; the real state is restored after."""
     compat.unpatch_keras()
-    monkeypatch.setattr(compat, "_warned_patches", set())
+    monkeypatch.setattr(_compat_patches, "_warned_patches", set())
     yield
     compat.unpatch_keras()
     monkeypatch.undo()
@@ -280,7 +288,7 @@ def unpatched(monkeypatch):
 def pretend(monkeypatch, version, present):
     monkeypatch.setattr(keras, "__version__", version)
     patches = tuple(dataclasses.replace(p, present=lambda: present) for p in compat.PATCHES)
-    monkeypatch.setattr(compat, "PATCHES", patches)
+    monkeypatch.setattr(_compat_patches, "PATCHES", patches)  # where patch_keras reads it
 
 
 @pytest.mark.parametrize("version", ["3.2.0", "3.4.1"])
@@ -332,6 +340,35 @@ def test_newer_keras_with_the_api_still_there_goes_on_with_one_warning(monkeypat
         assert compat.require("model_checkpoint_hooks") is True  # once
 
 
+def test_require_checks_once_per_keras_version(monkeypatch):
+    """The check runs once per (use, Keras version); another version string checks again."""
+    use, seen = _keras_private._BY_NAME["flatten_layers"], []
+
+    def counted():
+        seen.append(keras.__version__)
+        return use.check()
+
+    monkeypatch.setitem(_keras_private._BY_NAME, use.name, dataclasses.replace(use, check=counted))
+    installed = keras.__version__
+    assert compat.require(use.name) is True and compat.require(use.name) is True
+    assert seen == [installed]
+    monkeypatch.setattr(keras, "__version__", "3.14.0")
+    assert compat.require(use.name) is True and compat.require(use.name) is True
+    assert seen == [installed, "3.14.0"]
+    monkeypatch.setattr(keras, "__version__", installed)
+    assert compat.require(use.name) is True
+    assert seen == [installed, "3.14.0"]
+    # a failing check is cached too: the error comes back without checking again
+    monkeypatch.setattr(keras, "__version__", "3.1.0")
+    monkeypatch.setitem(_keras_private._BY_NAME, use.name, dataclasses.replace(
+        use, check=lambda: seen.append("broken") or ["Layer._flatten_layers is missing"]))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="_flatten_layers is missing"):
+            compat.require(use.name)
+    assert seen == [installed, "3.14.0", "broken"]
+    assert compat.check_private_uses()[use.name] == []  # reads Keras, not require's cache
+
+
 def test_keras_older_than_the_range_is_refused(monkeypatch):
     monkeypatch.setattr(keras, "__version__", "3.9.0")
     with pytest.raises(RuntimeError, match=r"known not to hold before Keras 3.10.0.*keras.callbacks"):
@@ -370,7 +407,8 @@ ALLOWED_ELSEWHERE: set[tuple[str, str]] = set()
 
 
 def package_files():
-    return [p for p in PACKAGE.rglob("*.py") if p.name not in COMPAT_FILES]
+    return [p for p in PACKAGE.rglob("*.py")
+            if p.name not in COMPAT_FILES and not p.name.startswith("_compat_")]
 
 
 def test_no_module_but_compat_imports_keras_or_tensorflow_internals():
@@ -443,7 +481,7 @@ def test_use_model_parallel_graph():
     """The graph hook places each node's call; move_variable keeps path and value."""
     import tensorflow as tf
 
-    from keras_mgpu_plugins import _keras_private as private
+    from keras_mgpu_plugins import _compat_graph as private
 
     assert private.require("model_parallel_graph")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="a"),

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_mgpu_plugins import _keras_private
 from keras_mgpu_plugins.callbacks import _checkpoint_io
 from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
 
@@ -57,6 +58,7 @@ def test_check_keras_internals_names_what_is_missing(monkeypatch):
     from keras.src.saving import saving_lib
 
     monkeypatch.delattr(saving_lib, "_save_state")
+    monkeypatch.setattr(_keras_private, "_checked", {})  # require's cache: Keras changed under it
     with pytest.raises(RuntimeError, match=r"saving_lib\._save_state"):
         _checkpoint_io.check_keras_internals()
     with pytest.raises(RuntimeError, match="async_save"):

@@ -1,0 +1,184 @@
+"""The checks behind `PRIVATE_USES` and `PATCHES`: what Keras still has, by name, signature, source.
+
+Each function returns what is missing or changed (an empty list when all is
+there), so `_keras_private.require` can name it. `KERAS_PRIVATE_HOOKS` and
+`KERAS_HOOK_CALLS` declare the private methods our Keras subclasses override
+or call; `tests/unit/test_compat.py` checks no subclass uses any other.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+SAVING_LIB = "keras.src.saving.saving_lib"
+LEGACY_H5 = "keras.src.legacy.saving.legacy_h5_format"
+IO_UTILS = "keras.src.utils.io_utils"
+FUNCTION_MODULE = "keras.src.ops.function"
+
+#: Private methods of Keras classes that our subclasses override or call, with their parameters.
+KERAS_PRIVATE_HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
+    "keras.callbacks.ModelCheckpoint": {
+        "_save_model": ("self", "epoch", "batch", "logs"),  # overridden
+        "_get_file_path": ("self", "epoch", "batch", "logs"),  # called
+        "_should_save_model": ("self", "epoch", "batch", "logs", "filepath"),  # called
+    },
+    "keras.callbacks.EarlyStopping": {"_set_monitor_op": ("self",)},  # called
+}
+#: Public Keras hooks that must call a private one for an override of it to run.
+KERAS_HOOK_CALLS: dict[str, tuple[tuple[str, str], ...]] = {
+    "keras.callbacks.ModelCheckpoint": (
+        ("on_epoch_end", "_save_model"), ("on_train_batch_end", "_save_model"),
+    ),
+}
+
+
+def source_has(obj: Any, *needles: str) -> bool | None:
+    """Whether `obj`'s source holds every needle; `None` if the source cannot be read."""
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+    return all(needle in source for needle in needles)
+
+
+def resolve(path: str) -> Any:
+    import keras
+
+    obj = keras
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def params(fn: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def names_used(fn: Any) -> set[str]:
+    """Attribute and global names, and string constants (`getattr(x, "name")`), in `fn`'s code."""
+    code = inspect.unwrap(fn).__code__
+    return set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
+
+
+def check_hooks(class_path: str) -> list[str]:
+    cls, problems = resolve(class_path), []
+    for method, expected in KERAS_PRIVATE_HOOKS[class_path].items():
+        fn = getattr(cls, method, None)
+        if fn is None:
+            problems.append(f"{class_path}.{method} is missing")
+        elif params(fn) != expected:
+            problems.append(f"{class_path}.{method}{params(fn)} is not {method}{expected}")
+    for hook, callee in KERAS_HOOK_CALLS.get(class_path, ()):
+        if callee not in names_used(getattr(cls, hook)):
+            problems.append(f"{class_path}.{hook} no longer calls self.{callee}")
+    return problems
+
+
+def check_names(module_name: str, names: Iterable[str]) -> list[str]:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return [f"{module_name} is missing"]
+    return [f"{module_name}.{n} is missing" for n in names if not hasattr(module, n)]
+
+
+def check_saving() -> list[str]:
+    problems = check_names(SAVING_LIB, ("_save_state", "H5IOStore", "DiskIOStore",
+                                          "_serialize_model_as_json", "_CONFIG_FILENAME",
+                                          "_METADATA_FILENAME", "_VARS_FNAME_H5", "_ASSETS_DIRNAME"))
+    problems += check_names(LEGACY_H5, ("save_model_to_hdf5",))
+    if problems:
+        return problems
+    sl = importlib.import_module(SAVING_LIB)
+    if len(params(sl._save_state)) != 5:
+        problems.append(f"{SAVING_LIB}._save_state{params(sl._save_state)} does not take 5 arguments")
+    if params(sl.H5IOStore.make) != ("self", "path", "metadata"):
+        problems.append(f"{SAVING_LIB}.H5IOStore.make{params(sl.H5IOStore.make)} takes no metadata")
+    return problems
+
+
+def check_initial_epoch() -> list[str]:
+    import keras
+
+    if "_initial_epoch" not in names_used(keras.Model.fit):
+        return ["keras.Model.fit no longer reads self._initial_epoch"]
+    return []
+
+
+def check_print_msg() -> list[str]:
+    problems = check_names(IO_UTILS, ("print_msg",))
+    return problems or ([] if params(importlib.import_module(IO_UTILS).print_msg)[:1] == ("message",)
+                        else [f"{IO_UTILS}.print_msg does not take a message first"])
+
+
+def check_callback_list() -> list[str]:
+    import types
+
+    import keras
+
+    holder = types.SimpleNamespace()
+    mine = keras.callbacks.Callback()
+    made = keras.callbacks.CallbackList([mine], add_history=True, add_progbar=True, model=holder)
+    order = [type(c).__name__ for c in made.callbacks]
+    problems = [] if order == ["Callback", "History", "ProgbarLogger"] else [
+        f"CallbackList orders the callbacks {order}, not [user's..., History, ProgbarLogger]"]
+    if getattr(holder, "history", None) is not made.callbacks[1]:
+        problems.append("CallbackList.set_model no longer sets model.history")
+    return problems
+
+
+def check_async_safe() -> list[str]:
+    import keras
+
+    dispatch = getattr(keras.callbacks.CallbackList, "_configure_async_dispatch", None)
+    if dispatch is None or "async_safe" not in names_used(dispatch):
+        return ["CallbackList no longer reads a callback's async_safe"]
+    return []
+
+
+def check_loss_tracker() -> list[str]:
+    import keras
+
+    problems = []
+    if "count" not in names_used(keras.metrics.Mean.__init__):
+        problems.append("keras.metrics.Mean no longer creates `count`")
+    if "_loss_tracker" not in names_used(keras.Model.train_step):
+        problems.append("keras.Model.train_step no longer updates self._loss_tracker")
+    return problems
+
+
+def check_flatten_layers() -> list[str]:
+    import keras
+
+    fn = getattr(keras.layers.Layer, "_flatten_layers", None)
+    if fn is None or "include_self" not in params(fn):
+        return ["keras.layers.Layer._flatten_layers(include_self=...) is missing"]
+    return []
+
+
+# Model parallelism (kmp.parallelize(strategy="model_parallel")): Keras 3 on TensorFlow re-runs
+# a functional graph without the device scopes its layers were called under (DESIGN.md, "Model
+# parallelism on the TensorFlow backend"): placing each call node needs the graph's nodes and
+# the hook that runs them. No upstream issue: keras.distribution is JAX-only on TensorFlow by
+# design (keras/src/backend/tensorflow/distribution_lib.py).
+def check_model_parallel() -> list[str]:
+    import keras
+
+    problems = []
+    function = resolve(f"{FUNCTION_MODULE}.Function")
+    if function is None or params(getattr(function, "_run_through_graph", None))[:3] != (
+            "self", "inputs", "operation_fn"):
+        problems.append("Function._run_through_graph(self, inputs, operation_fn, ...) changed")
+    elif "_nodes_by_depth" not in names_used(function._run_through_graph):
+        problems.append("Function._run_through_graph no longer walks _nodes_by_depth")
+    if "_functional" not in names_used(keras.Sequential.call):
+        problems.append("keras.Sequential.call no longer delegates to self._functional")
+    variable = resolve("keras.src.backend.tensorflow.core.Variable")
+    if variable is None or "_value" not in names_used(getattr(variable, "_initialize", None)):
+        problems.append("the TensorFlow Variable no longer keeps its tf.Variable in _value")
+    if "_compute_loss" not in names_used(keras.Model.train_step):
+        problems.append("keras.Model.train_step no longer calls self._compute_loss")
+    return problems

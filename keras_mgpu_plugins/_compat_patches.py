@@ -1,0 +1,197 @@
+"""The Keras patches: the `Patch` record, the `PATCHES` table, `patch_keras` / `unpatch_keras`.
+
+Each patch names the upstream issue it works around and the Keras versions it
+is known for (it is applied only there), and is tested by a real multi-worker
+run that fails without it (`tests/multi_worker/test_fit.py`). The patches
+themselves live in `_compat_trainer` and `_compat_loss_scale`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from packaging.version import Version
+
+from keras_mgpu_plugins._compat_loss_scale import (
+    loss_scale_takes_first_replica,
+    patch_loss_scale_finiteness,
+)
+from keras_mgpu_plugins._compat_trainer import (
+    multi_step_conds_the_step,
+    patch_reduce_per_replica,
+    patch_steps_per_execution,
+    patch_symbolic_build,
+    reduce_per_replica_uses_axis_0,
+    symbolic_build_reduces_batch,
+)
+
+_lock = threading.Lock()
+#: The patches in force: name -> the function undoing it.
+_applied: dict[str, Any] = {}
+_warned_patches: set[str] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """A workaround: what it fixes, where, and for which Keras versions.
+
+    Attributes:
+        name: Its name, as `patch_keras()` returns it.
+        upstream: The upstream issue.
+        min_version: First Keras version with the code it fixes (read from the
+            released sources); older ones do not have that code.
+        max_version: First version nobody has checked (exclusive).
+        apply: Applies it; returns a function that undoes it.
+        present: Whether the installed Keras still has the code it fixes
+            (`None` when its source cannot be read).
+    """
+
+    name: str
+    upstream: str
+    min_version: str
+    max_version: str  # exclusive: the first version not known to need it
+    apply: Callable[[], Any]
+    present: Callable[[], bool | None] = lambda: None
+
+    def applies_to(self, version: str) -> bool:
+        v = Version(version)
+        return Version(self.min_version) <= v < Version(self.max_version)
+
+
+# Versions read from the released sources: `_maybe_symbolic_build` first appears
+# in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
+# "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
+# Keras 3.10 (TensorFlow 2.16 to 2.19) and 3.15 (TensorFlow 2.21); older Keras is
+# refused for distribution anyway (`check_keras_for_distribution`).
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="symbolic_build_per_replica_batch",
+        upstream="https://github.com/keras-team/keras/issues/20585",
+        min_version="3.5.0",
+        max_version="3.16.0",
+        apply=patch_symbolic_build,
+        present=symbolic_build_reduces_batch,
+    ),
+    Patch(
+        name="multi_worker_scalar_log_reduce",
+        upstream="https://github.com/keras-team/keras/issues/20585",
+        min_version="3.3.0",
+        max_version="3.16.0",
+        apply=patch_reduce_per_replica,
+        present=reduce_per_replica_uses_axis_0,
+    ),
+    # The tf.cond around each step of a tf.while_loop: from 3.7.0 (3.3-3.6 loop in Python
+    # over single steps); still there in 3.15.
+    Patch(
+        name="steps_per_execution_under_distribution",
+        upstream="https://github.com/keras-team/keras/issues/19246",
+        min_version="3.7.0",
+        max_version="3.16.0",
+        apply=patch_steps_per_execution,
+        present=multi_step_conds_the_step,
+    ),
+    # _tf_apply takes the first replica's `finite`: in 3.0.0 already, still in 3.15. No
+    # upstream issue found: the upstream field names the code.
+    Patch(
+        name="loss_scale_global_finiteness",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/optimizers/loss_scale_optimizer.py",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=patch_loss_scale_finiteness,
+        present=loss_scale_takes_first_replica,
+    ),
+)
+
+
+#: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
+#: does, measured with this package's 2-worker tests (tests/multi_worker/test_fit.py) on
+#: Keras 3.5, 3.7, 3.8, 3.9, 3.10 and 3.15. Before 3.8, gradients are summed across
+#: replicas, so N replicas train with N times the learning rate (keras-team/keras#19891,
+#: fixed by keras-team/keras#20609 in 3.8.0); 3.8 and 3.9 train right but log metrics
+#: (loss, val_loss) that differ from one process's under MultiWorkerMirroredStrategy.
+MIN_KERAS_FOR_DISTRIBUTION = "3.10.0"
+
+
+def check_keras_for_distribution() -> None:
+    """Raises if the installed Keras would train or log wrongly under a distributing strategy.
+
+    Raises:
+        RuntimeError: With Keras older than `MIN_KERAS_FOR_DISTRIBUTION` (TensorFlow
+            backend), naming what goes wrong and the upgrade.
+    """
+    import keras
+
+    version = keras.__version__
+    if keras.backend.backend() != "tensorflow" or Version(version) >= Version(
+        MIN_KERAS_FOR_DISTRIBUTION
+    ):
+        return
+    what = ("sums gradients across replicas: N replicas train with N times the learning rate "
+            "(keras-team/keras#19891)" if Version(version) < Version("3.8.0") else
+            "logs metrics across workers that differ from one process's")
+    raise RuntimeError(
+        f"Keras {version} {what}. keras_mgpu_plugins needs Keras >= "
+        f"{MIN_KERAS_FOR_DISTRIBUTION} to train on several devices or workers: "
+        f"pip install 'keras>={MIN_KERAS_FOR_DISTRIBUTION}'."
+    )
+
+
+def patch_keras() -> list[str]:
+    """Applies the Keras workarounds known for the installed version. Idempotent.
+
+    Only the TensorFlow backend is patched; other backends are left untouched.
+    A patch applies from its `min_version` (older Keras lacks the code it fixes)
+    while the installed Keras still has that code (`Patch.present`). On a Keras
+    newer than the versions it was checked for, it applies with one warning if
+    the code is still there, and is skipped with one warning if it is gone (an
+    upstream fix, or a change to check).
+
+    Returns:
+        The names of the patches in force after the call.
+
+    Example:
+        >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        >>> kmp.compat.patch_keras()
+        ['symbolic_build_per_replica_batch', 'multi_worker_scalar_log_reduce']
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return []
+    version = keras.__version__
+    with _lock:
+        for patch in PATCHES:
+            if patch.name in _applied or Version(version) < Version(patch.min_version):
+                continue
+            present = patch.present()
+            checked = patch.applies_to(version)
+            if present is False or (present is None and not checked):
+                _warn_patch(patch, f"Keras {version} no longer has the code it fixes "
+                                   f"({'changed' if present is False else 'unreadable'}); not "
+                                   "applied. If multi-worker fit fails, please report it.")
+                continue
+            if not checked:
+                _warn_patch(patch, f"Keras {version} still has the code it fixes; applied.")
+            _applied[patch.name] = patch.apply()
+        return list(_applied)
+
+
+def _warn_patch(patch: Patch, what: str) -> None:
+    import warnings
+
+    key = f"patch:{patch.name}"
+    if key not in _warned_patches:
+        _warned_patches.add(key)
+        warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for Keras "
+                      f">={patch.min_version},<{patch.max_version}; {what}", UserWarning,
+                      stacklevel=3)
+
+
+def unpatch_keras() -> None:
+    """Undoes every applied patch (for tests that prove a patch is needed)."""
+    with _lock:
+        for name in reversed(list(_applied)):
+            _applied.pop(name)()

@@ -1,0 +1,207 @@
+"""Helpers over private Keras API for the callbacks, `parallelize` and the checkpoint writers.
+
+The rest of the package touches no Keras internal: it calls these (through
+`kmp.compat`). Each one calls `require(name)` for the `PrivateUse` it relies on
+(`_keras_private.PRIVATE_USES`), which checks that Keras still has it and
+applies the documented fallback or raises outside the known versions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from keras_mgpu_plugins._keras_private import (
+    IO_UTILS,
+    LEGACY_H5,
+    SAVING_LIB,
+    keras_version,
+    require,
+)
+
+logger = logging.getLogger("keras_mgpu_plugins")
+
+
+# --- private API: callbacks (initial epoch, monitor direction, messages, dispatch) ---
+
+
+def set_initial_epoch(model: Any, epoch: int) -> None:
+    """Makes the running `fit` start at `epoch`, as Keras's `BackupAndRestore` does.
+
+    Keras's trainers read `model._initial_epoch` right after `on_train_begin`.
+
+    Raises:
+        RuntimeError: If this Keras has no such attribute (it would be ignored).
+    """
+    require("initial_epoch")
+    if not hasattr(model, "_initial_epoch"):
+        raise RuntimeError(f"{type(model).__name__} has no _initial_epoch: the restored "
+                           f"epoch cannot be passed to fit with Keras {keras_version()}.")
+    model._initial_epoch = epoch
+
+
+def resolve_monitor_op(callback: Any) -> None:
+    """Sets `callback.monitor_op` to Keras's `ops.less`/`ops.greater` for its `mode`.
+
+    Keras's own inference (`_set_monitor_op`) of `mode="auto"` from the
+    monitored name and the model's metrics; it raises `ValueError` as Keras does.
+
+    Raises:
+        RuntimeError: If this Keras has no such method (see `require`).
+    """
+    require("monitor_op")
+    callback._set_monitor_op()
+
+
+def keras_print_msg(message: str) -> None:
+    """Prints as Keras's callbacks do: stdout, or absl logging when interactive logging is off.
+
+    Fallback when Keras's `io_utils.print_msg` is gone: the same rule through
+    `keras.config.is_interactive_logging_enabled()` and `print`.
+    """
+    if require("print_msg"):
+        importlib.import_module(IO_UTILS).print_msg(message)
+        return
+    import keras
+
+    if keras.config.is_interactive_logging_enabled():
+        print(message, flush=True)
+    else:
+        logger.info(message)
+
+
+def set_async_safe(callback: Any, safe: bool) -> None:
+    """Tells Keras that `callback`'s batch hooks may run off the training thread.
+
+    Keras (3.6+) dispatches batch hooks asynchronously, on backends it deems
+    thread-safe (not TensorFlow, as of 3.15), only if no callback overrides
+    them, unless a callback sets `async_safe`. Older Keras ignores it
+    (synchronous dispatch: slower, same results).
+    """
+    require("async_safe")  # warns once where Keras ignores it
+    callback.async_safe = bool(safe)
+
+
+def hide_from_progbar(model: Any, keys: Callable[[], Iterable[str]]) -> Callable[[], None] | None:
+    """Removes `keys()` from the epoch `logs` once Keras's `History` has recorded them.
+
+    `fit`'s `CallbackList` appends `History`, then `ProgbarLogger`, after the
+    user's callbacks, and sets `model.history` to that `History`: wrapping its
+    `on_epoch_end` on the instance lets every user callback and `History` see
+    all keys while the progress bar, which runs last, does not.
+
+    Returns:
+        A function undoing the wrap; `None` when nothing was wrapped (no
+        `History`, or a Keras that orders them otherwise: the progress bar then
+        shows every key).
+    """
+    import keras
+
+    history = getattr(model, "history", None)
+    if not isinstance(history, keras.callbacks.History) or not require("progbar_after_history"):
+        return None
+    original = history.on_epoch_end
+
+    def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
+        original(epoch, logs)
+        for key in keys():
+            if logs is not None:
+                logs.pop(key, None)
+
+    history.on_epoch_end = on_epoch_end
+    return lambda: history.__dict__.pop("on_epoch_end", None)
+
+
+def all_layers(model: Any) -> list:
+    """Every layer nested in `model` (in sub-models and custom layers' attributes too)."""
+    require("flatten_layers")
+    return list(model._flatten_layers(include_self=False))
+
+
+# --- private API: the loss tracker's row count -------------------------------------------
+
+
+def local_replica_values(strategy: Any, variable: Any) -> tuple:
+    """This worker's per-replica components of a Keras variable (TensorFlow backend).
+
+    Public API only: `variable.value` is the backend `tf.Variable` (a
+    distributed one under a strategy), split by `strategy.experimental_local_results`.
+    """
+    return tuple(strategy.experimental_local_results(getattr(variable, "value", variable)))
+
+
+def loss_tracker_rows(model: Any) -> list[float] | None:
+    """Rows Keras's loss tracker counted since its last reset, one value per local replica.
+
+    Keras (3.2+) weights each update of its `"loss"` tracker (a `Mean` in
+    `model.metrics`) by the batch's rows, so its `count` counts rows; it is
+    reset at each epoch's start.
+
+    Returns:
+        The counts, or `None` when there is no loss tracker or this Keras
+        counts otherwise (before 3.2 it counts batches): then
+        `DeviceMetricsLogger` needs `batch_size=` for samples per second, and
+        `WandbLogger` records no measured batch size.
+    """
+    import numpy as np
+
+    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+    if tracker is None or not require("loss_tracker_rows"):
+        return None
+    counts = local_replica_values(model.distribute_strategy, tracker.count)
+    return [float(np.asarray(v)) for v in counts]
+
+
+# --- private API: checkpoint saving internals (ModelCheckpoint async / multi-worker) ------
+# Callers check `require("saving_internals")` once before using these (ModelCheckpoint
+# does in __init__ with async_save=True, and at train begin with several workers).
+
+
+class ArchiveNames(NamedTuple):
+    """Member names of a `.keras` archive."""
+
+    config: str
+    metadata: str
+    weights: str
+    assets: str
+
+
+def archive_names() -> ArchiveNames:
+    """The member names `model.save("x.keras")` uses."""
+    sl = importlib.import_module(SAVING_LIB)
+    return ArchiveNames(sl._CONFIG_FILENAME, sl._METADATA_FILENAME, sl._VARS_FNAME_H5,
+                        sl._ASSETS_DIRNAME)
+
+
+def serialize_model_as_json(model: Any) -> tuple[str, str]:
+    """The `config.json` and `metadata.json` texts `model.save` writes."""
+    return importlib.import_module(SAVING_LIB)._serialize_model_as_json(model)
+
+
+def save_state_walk(model: Any, weights_store: Any, assets_store: Any = None) -> None:
+    """Keras's own save walk over layers, optimizer and variables, into the given stores."""
+    importlib.import_module(SAVING_LIB)._save_state(model, weights_store, assets_store, "", set())
+
+
+def h5_store_class() -> type:
+    """Keras's `H5IOStore` (to subclass: the walk accepts only its instances)."""
+    return importlib.import_module(SAVING_LIB).H5IOStore
+
+
+def open_h5_store(path: str, archive: Any = None) -> Any:
+    """A writing `H5IOStore` at `path` (inside `archive`, a `zipfile.ZipFile`, if given)."""
+    store = h5_store_class()
+    return store(path, mode="w") if archive is None else store(path, archive=archive, mode="w")
+
+
+def open_assets_store(archive: Any) -> Any:
+    """A writing assets store (`DiskIOStore`) zipped into `archive` on `close()`."""
+    sl = importlib.import_module(SAVING_LIB)
+    return sl.DiskIOStore(sl._ASSETS_DIRNAME, archive=archive, mode="w")
+
+
+def save_model_to_hdf5(model: Any, h5file: Any) -> None:
+    """What `model.save("x.h5")` writes, into an open `h5py.File`."""
+    importlib.import_module(LEGACY_H5).save_model_to_hdf5(model, h5file, include_optimizer=True)

@@ -1,0 +1,251 @@
+"""Keras patches to the TensorFlow trainer: multi-worker build and logs, steps_per_execution.
+
+Each `patch_*` function applies one workaround and returns its undo; the
+check after it says whether the installed Keras still has the code it fixes. The `PATCHES` table (`_compat_patches`) names their upstream issues and
+Keras versions. `distributing` and `refuse_unsupported_settings` are also used
+by `parallelize` and the loss-scale patch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_mgpu_plugins._compat_checks import source_has
+
+# --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
+
+
+def patch_symbolic_build() -> Any:
+    """`TensorFlowTrainer._maybe_symbolic_build` takes one local replica's batch.
+
+    Upstream reduces the first distributed batch with `strategy.reduce("MEAN",
+    batch, axis=None)` to get example shapes; under MultiWorkerMirroredStrategy that
+    reduce cannot take the nested per-replica input and `fit`, `evaluate` and
+    `predict` fail before the first step. The batch is only needed for its
+    shapes and dtypes, so the first local replica's part serves.
+    """
+    import tensorflow as tf
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return
+        strategy = self.distribute_strategy
+        peeked = _peeked_generator_batch(iterator)
+        if peeked is not None:
+            data_batch, iterator = peeked, None
+        if iterator is not None:
+            # Keras 3.5-3.6 yield (step, it) from enumerate_epoch(); 3.7-3.10 (step, it)
+            # from the iterator; 3.11+ (begin, end, it).
+            epoch = iterator.enumerate_epoch() if hasattr(iterator, "enumerate_epoch") else iterator
+            for *_, it in epoch:
+                data_batch = tree.map_structure(
+                    lambda v: (
+                        strategy.experimental_local_results(v)[0]
+                        if isinstance(v, tf.distribute.DistributedValues)
+                        else v
+                    ),
+                    next(it),
+                )
+                break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+
+
+def _peeked_generator_batch(iterator: Any) -> Any:
+    """The first batch Keras peeked from a Python generator, or `None` for other inputs.
+
+    Drawing it from a fresh iterator instead (then resetting) would lose the batches
+    tf.data's prefetch pulled from the generator meanwhile, a timing-dependent number:
+    workers would then train on halves of different global batches.
+    """
+    adapter = getattr(iterator, "data_adapter", None)
+    if type(adapter).__name__ != "GeneratorDataAdapter":
+        return None
+    first = getattr(adapter, "_first_batches", None)
+    return first[0] if first else None
+
+
+# --- keras-team/keras#20585 (2/2): scalar logs reduced with axis=0 -----------------
+
+
+def patch_reduce_per_replica() -> Any:
+    """`reduce_per_replica` averages multi-worker logs element-wise across replicas.
+
+    Upstream calls `strategy.reduce("MEAN", v, axis=0)` under multi-worker mode,
+    which fails on the scalar losses and metrics that `train_step` returns (and
+    would average over a batch axis for anything else). The mean across
+    replicas is `axis=None`.
+    """
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and tf_trainer._collective_all_reduce_multi_worker(
+            strategy
+        ):
+            return tree.map_structure(
+                lambda v: strategy.reduce("MEAN", v, axis=None), values
+            )
+        return original(values, strategy, reduction)
+
+    tf_trainer.reduce_per_replica = reduce_per_replica
+    return lambda: setattr(tf_trainer, "reduce_per_replica", original)
+
+
+def symbolic_build_reduces_batch() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    method = tf_trainer.TensorFlowTrainer.__dict__.get("_maybe_symbolic_build")
+    return None if method is None else source_has(method, "reduce(", '"MEAN"')
+
+
+def reduce_per_replica_uses_axis_0() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return source_has(tf_trainer.reduce_per_replica, 'strategy.reduce("MEAN", v, axis=0)')
+
+
+# --- keras-team/keras#19246: steps_per_execution > 1 under a distributing strategy -----
+
+
+def distributing(strategy: Any) -> bool:
+    """Whether `strategy` spans several replicas or workers (its steps hold collectives)."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return strategy.num_replicas_in_sync > 1 or tf_trainer._collective_all_reduce_multi_worker(
+        strategy)
+
+
+def strategy_name(strategy: Any) -> str:
+    """The public name of `strategy`'s class (TensorFlow's multi-worker class is named otherwise)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
+def refuse_unsupported_settings(model: Any) -> None:
+    """Raises for a compile setting that would not train as on one device under distribution.
+
+    Called when `fit`/`evaluate` build their step function (the first call after
+    `compile`) under a strategy that spans replicas or workers.
+
+    Raises:
+        ValueError: For `jit_compile=True` (XLA would compile the whole
+            multi-replica function: a TensorFlow error on CPU devices, and
+            Keras's own `"auto"` turns XLA off under tf.distribute) and for an
+            optimizer with `gradient_accumulation_steps` (its all-reduce runs
+            inside a `cond`: "merge_call called while defining a new graph").
+    """
+    strategy = strategy_name(model.distribute_strategy)
+    if getattr(model, "_jit_compile", None) is True:
+        raise ValueError(
+            f"compile(jit_compile=True) is not supported under {strategy}: XLA would compile "
+            "the whole multi-replica step (TensorFlow fails: 'Trying to access resource ... "
+            "located in device'). Received: jit_compile=True. Use jit_compile='auto' (Keras "
+            "turns XLA off under tf.distribute) or jit_compile=False."
+        )
+    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            f"An optimizer with gradient_accumulation_steps={steps} is not supported under "
+            f"{strategy}: Keras all-reduces the gradients inside the accumulation's cond "
+            "('merge_call called while defining a new graph'). Use "
+            f"gradient_accumulation_steps=None with a {steps}x larger global batch size "
+            "(several devices or workers already give a larger batch per update)."
+        )
+
+
+def patch_steps_per_execution() -> Any:
+    """`steps_per_execution > 1` fails under MirroredStrategy and MultiWorkerMirroredStrategy.
+
+    Upstream's `multi_step_on_iterator` runs each step inside a `tf.cond` (guarding
+    against an exhausted iterator) inside its `tf.while_loop`. `strategy.run` in
+    that cond branch leaves an uncaptured placeholder: "You must feed a value for
+    placeholder tensor 'while/cond/Placeholder_1'". The loop's own condition
+    already checks that the next input exists and that fewer than N steps ran,
+    so under a distributing strategy the step runs unconditionally in the loop
+    body; only fetching the next input stays in a `tf.cond` (it must not consume
+    a batch beyond the N-th). Other strategies keep upstream's function.
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.TensorFlowTrainer._make_function
+
+    def _make_function(self, step_function):
+        if not distributing(self.distribute_strategy):
+            return original(self, step_function)
+        refuse_unsupported_settings(self)
+        if self.run_eagerly or self.steps_per_execution == 1:
+            return original(self, step_function)
+        if getattr(self, "unrolled_steps_per_execution", 1) != 1:
+            raise ValueError(
+                "unrolled_steps_per_execution > 1 is not supported by keras_mgpu_plugins "
+                f"under {strategy_name(self.distribute_strategy)} "
+                "(keras-team/keras#19246). Received: "
+                f"unrolled_steps_per_execution={self.unrolled_steps_per_execution}; "
+                "leave it at 1 (steps_per_execution works)."
+            )
+        strategy = self.distribute_strategy
+
+        def one_step_on_data(data):
+            outputs = strategy.run(step_function, args=(data,))
+            return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
+
+        one_step = getattr(self, "_autoconvert_optionals", lambda f: f)(
+            tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile))
+
+        def multi_step_on_iterator(iterator):
+            n = self.steps_per_execution
+            empty = tf.experimental.Optional.empty(None)  # spec set while tracing the body
+
+            def cond(step, outputs, inputs):
+                return tf.logical_and(tf.less(step, n), inputs.has_value())
+
+            def body(step, outputs, inputs):
+                new = tf.experimental.Optional.from_value(one_step(inputs.get_value()))
+                empty._element_spec = new.element_spec
+                following = tf.cond(tf.less(step + 1, n), iterator.get_next_as_optional,
+                                    lambda: inputs)
+                return step + 1, new, following
+
+            _, final, _ = tf.while_loop(
+                cond, body, [tf.constant(0), empty, iterator.get_next_as_optional()])
+            final._element_spec = empty.element_spec
+            return final
+
+        multi_step = tf.function(tf.autograph.experimental.do_not_convert(multi_step_on_iterator),
+                                 reduce_retracing=True)
+
+        def function(iterator):
+            if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                outputs = multi_step(iterator)
+                if not outputs.has_value():
+                    raise StopIteration
+                return outputs.get_value()
+            for _, data in zip(range(self.steps_per_execution), iterator, strict=False):
+                outputs = one_step(data)
+            return outputs
+
+        return function
+
+    tf_trainer.TensorFlowTrainer._make_function = _make_function
+    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_make_function", original)
+
+
+def multi_step_conds_the_step() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    return source_has(tf_trainer.TensorFlowTrainer._make_function, "tf.cond(", "has_next",
+                       "one_step_on_data(next_optional_inputs.get_value())")
