@@ -68,7 +68,9 @@ def test_automatic_stages_hold_in_the_traced_train_step():
     slots = [v for v in model.optimizer.variables if len(v.shape)]
     assert len(slots) == 2 * len(model.trainable_weights)
     for v in slots:  # adam/dense_2_kernel_momentum beside dense_2/kernel
-        layer = next(name for name in stage if v.path.startswith(f"adam/{name}_"))
+        # the optimizer's name is uniquified per process ("adam_3" after other tests)
+        layer = next(name for name in stage
+                     if v.path.startswith(f"{model.optimizer.name}/{name}_"))
         assert short(v.value.device) == stage[layer], v.path
 
 
