@@ -99,7 +99,7 @@ class StallWatchdog(keras.callbacks.Callback):
         TypeError: For a `directory` that is not a string.
         SettingsDifferError: At train begin, on every worker with a watchdog,
             if a worker has none (its settings file does not come within
-            `min(timeout, 60)` seconds), or if `timeout` differs between
+            `timeout` seconds), or if `timeout` differs between
             workers. Both checks need the heartbeat folder; without one
             nothing is compared across workers.
 
@@ -150,7 +150,9 @@ class StallWatchdog(keras.callbacks.Callback):
             return
         StallWatchdog._fits += 1
         os.makedirs(directory, exist_ok=True)
-        wait_s = min(self.timeout, 60.0)
+        # Up to `timeout`, not less: a worker that reaches fit later (slow data loading)
+        # is not yet a stall, and must not be taken for one without a watchdog.
+        wait_s = self.timeout
         missing = _stall.meet(directory, collective.worker_index(strategy), num_workers,
                               StallWatchdog._fits, {"timeout": self.timeout}, wait_s)
         if missing:
