@@ -6,8 +6,9 @@ tasks numbered node by node, ports from `KMP_SLURM_PORT_BASE` (default 8888).
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keras_mgpu_plugins.errors import TopologyError
@@ -140,3 +141,89 @@ def int_env(env: Mapping[str, str], name: str, default: int | None = None) -> in
         return int(raw)
     except ValueError:
         raise TopologyError(f"{name} must be an integer. Received: {name}={raw!r}") from None
+
+
+#: The title slurmstepd gives itself: `slurmstepd: [JOB.STEP]`.
+_STEPD = re.compile(r"slurmstepd: \[(\w+)\.(\w+)\]")
+#: Set to `0` to skip `check_step` (a Python wrapper that srun starts on purpose).
+STEP_CHECK_ENV = "KMP_SLURM_STEP_CHECK"
+_checked: dict[tuple[int, str, str], str | None] = {}
+
+
+def step_mismatch(env: Mapping[str, str],
+                  ancestry: Sequence[tuple[int, str, bool]]) -> str | None:
+    """Whether this process is not the srun task its SLURM variables describe (pure).
+
+    Args:
+        env: The process's environment.
+        ancestry: `(pid, command line, has TensorFlow loaded)` of this process,
+            then its parents, nearest first.
+
+    Returns:
+        The problem in words, or `None` when the evidence does not show one:
+        no `slurmstepd` among the ancestors (a container, another launcher), or
+        no step variables, or this process is the step's task (its direct
+        child, or started through a wrapper that has not loaded TensorFlow: a
+        shell, `conda run`, a Python launcher script).
+    """
+    found = next(((i, m) for i, (_, cmd, _) in enumerate(ancestry) if i
+                  and (m := _STEPD.match(cmd.strip()))), None)
+    if found is None:
+        return None
+    index, match = found
+    running = f"{match.group(1)}.{match.group(2)}"
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    if not job or not step:
+        return None
+    pid, stepd_pid = ancestry[0][0], ancestry[index][0]
+    if f"{job}.{step}" != running:
+        return (f"this process (pid {pid}) runs in SLURM job step {running} (under "
+                f"slurmstepd pid {stepd_pid}), but its SLURM variables describe step "
+                f"{job}.{step} (SLURM_JOB_ID={job}, SLURM_STEP_ID={step}): they were "
+                "inherited or copied from another step. Start each task with srun in "
+                "the step that runs it, and do not export one step's SLURM_* variables "
+                "to another.")
+    trainers = [(p, cmd) for p, cmd, tensorflow in ancestry[1:index] if tensorflow]
+    if trainers:
+        parent_pid, parent_cmd = trainers[0]
+        return (f"this process (pid {pid}) claims to be task SLURM_PROCID="
+                f"{env.get('SLURM_PROCID')} of step {running}, but it was started by "
+                f"a process of that task that runs TensorFlow (pid {parent_pid}: {parent_cmd[:120]!r}) "
+                "and only inherited its SLURM variables; two processes would take the same "
+                "worker's place. Remove SLURM_NTASKS and SLURM_PROCID from a subprocess's "
+                f"environment, or, for a Python wrapper srun starts on purpose, set "
+                f"{STEP_CHECK_ENV}=0.")
+    return None
+
+
+def check_step(env: Mapping[str, str]) -> None:
+    """Raises `TopologyError` if this process is not the task its SLURM variables describe.
+
+    Walks this process's parents with psutil (imported only here), once per process.
+    """
+    if env.get(STEP_CHECK_ENV) == "0":
+        return
+    key = (os.getpid(), str(env.get("SLURM_JOB_ID")), str(env.get("SLURM_STEP_ID")))
+    if key not in _checked:
+        import psutil
+
+        ancestry = []
+        for process in [psutil.Process(), *psutil.Process().parents()]:
+            try:
+                command = " ".join(process.cmdline()) or process.name()
+            except psutil.Error:
+                command = ""
+            ancestry.append((process.pid, command, _loads_tensorflow(process.pid)))
+        _checked[key] = step_mismatch(env, ancestry)
+    if _checked[key] is not None:
+        raise TopologyError(f"SLURM variables for a different task: {_checked[key]}")
+
+
+def _loads_tensorflow(pid: int) -> bool:
+    """Whether TensorFlow's library is mapped in process `pid` (False if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return any("_pywrap_tensorflow_internal" in line for line in maps)
+    except OSError:
+        return False

@@ -26,6 +26,7 @@ from keras_mgpu_plugins._local_devices import gpus_from_env, local_device_names
 from keras_mgpu_plugins._slurm import (
     DEFAULT_SLURM_PORT_BASE,
     SLURM_STEP_VARS,
+    check_step,
     expand_hostlist,
     expand_tasks_per_node,
     slurm_fields,
@@ -119,7 +120,10 @@ def topology_from_env(
     if _int_env(env, "SLURM_NTASKS", default=1) > 1 or _int_env(
         env, "SLURM_NPROCS", default=1
     ) > 1:
-        return Topology(**slurm_fields(env), local_devices=devices)
+        fields = slurm_fields(env)
+        if env is os.environ:  # the ancestry is this process's: only for its own variables
+            check_step(env)
+        return Topology(**fields, local_devices=devices)
     return Topology(local_devices=devices)
 
 

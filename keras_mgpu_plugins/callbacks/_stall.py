@@ -248,3 +248,40 @@ def _write_atomic(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def meet(directory: str, worker: int, num_workers: int, fit: int, settings: Mapping,
+         wait_s: float) -> list[int]:
+    """Out of band, before any collective: which workers run no watchdog in this fit?
+
+    Writes this worker's `settings-{worker}.json` (`fit`: how many fits with a
+    watchdog this process began; `settings`) and waits up to `wait_s` seconds
+    for every worker's file of the same fit. A worker with a watchdog writes
+    its file at its train begin, so one whose file never comes has none (or is
+    stuck before training). Files older than `wait_s` + 60 s are a previous
+    job's. Runs no collective: a worker without a watchdog would not join it.
+
+    Returns:
+        The workers whose file did not come, in order (empty: all are there).
+    """
+    now, path = time.time(), os.path.join(directory, f"settings-{worker}.json")
+    mine = {"fit": fit, "written_at": now, "settings": dict(settings), "gave_up": False}
+    _write_atomic(path, json.dumps(mine))
+    deadline, missing = time.monotonic() + wait_s, list(range(num_workers))
+    while True:
+        missing = [w for w in missing if not _met(directory, w, fit, now - wait_s - 60.0)]
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    if missing:  # a late peer must not take this worker, about to raise, as present
+        _write_atomic(path, json.dumps({**mine, "gave_up": True}))
+    return missing
+
+
+def _met(directory: str, worker: int, fit: int, since: float) -> bool:
+    try:
+        with open(os.path.join(directory, f"settings-{worker}.json")) as f:
+            seen = json.load(f)
+        return seen["fit"] >= fit and seen["written_at"] >= since and not seen["gave_up"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False

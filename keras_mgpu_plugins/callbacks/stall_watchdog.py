@@ -97,14 +97,20 @@ class StallWatchdog(keras.callbacks.Callback):
     Raises:
         ValueError: For a `timeout` that is not a positive number of seconds.
         TypeError: For a `directory` that is not a string.
-        SettingsDifferError: At train begin, on every worker, if `timeout`
-            differs between workers.
+        SettingsDifferError: At train begin, on every worker with a watchdog,
+            if a worker has none (its settings file does not come within
+            `timeout` seconds), or if `timeout` differs between
+            workers. Both checks need the heartbeat folder; without one
+            nothing is compared across workers.
 
     Example:
         >>> import keras_mgpu_plugins as kmp
         >>> watchdog = kmp.callbacks.StallWatchdog(timeout=600)
         >>> # model.fit(x, y, callbacks=[watchdog])
     """
+
+    #: Fits with a watchdog this process began: matches settings files of the same fit.
+    _fits = 0
 
     def __init__(self, timeout: float = 600, directory: str | None = None) -> None:
         super().__init__()
@@ -122,10 +128,42 @@ class StallWatchdog(keras.callbacks.Callback):
         compat.set_async_safe(self, True)  # the batch hooks only assign two numbers
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        collective.same_settings({"timeout": self.timeout}, type(self).__name__,
-                                 self.model.distribute_strategy)
+        self._check_every_worker_has_one()
         note_progress()
         self._start()
+
+    def _directory(self) -> str | None:
+        if self.directory is None and os.environ.get(JOB_DIR_ENV):
+            return os.path.join(os.environ[JOB_DIR_ENV], "stall_watchdog")
+        return self.directory
+
+    def _check_every_worker_has_one(self) -> None:
+        """Raises on every worker with a watchdog if a worker has none, then compares settings.
+
+        Out of band first (settings files in the heartbeat folder), because a
+        collective that only the workers with a watchdog run would meet the
+        other workers' first training step. Without a folder, nothing is compared.
+        """
+        strategy, directory = self.model.distribute_strategy, self._directory()
+        num_workers = collective.num_workers(strategy)
+        if num_workers == 1 or directory is None:
+            return
+        StallWatchdog._fits += 1
+        os.makedirs(directory, exist_ok=True)
+        # Up to `timeout`, not less: a worker that reaches fit later (slow data loading)
+        # is not yet a stall, and must not be taken for one without a watchdog.
+        wait_s = self.timeout
+        missing = _stall.meet(directory, collective.worker_index(strategy), num_workers,
+                              StallWatchdog._fits, {"timeout": self.timeout}, wait_s)
+        if missing:
+            raise collective.SettingsDifferError(
+                "StallWatchdog must run on every worker, or on none: worker(s) "
+                f"{', '.join(map(str, missing))} started no StallWatchdog within {wait_s:g} s "
+                f"of this worker's train begin (heartbeat folder {directory!r}). Pass "
+                "StallWatchdog(...) to fit on every worker (or use `kmp-launch "
+                "--stall-timeout SECONDS`, which adds one to every worker's fit).")
+        # Every worker has one: each runs this collective, so it cannot meet a training step.
+        collective.same_settings({"timeout": self.timeout}, type(self).__name__, strategy)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._stop.set()
@@ -154,9 +192,7 @@ class StallWatchdog(keras.callbacks.Callback):
     def _start(self) -> None:
         self.on_train_end()  # a previous fit's thread, if fit raised before its end
         self._stop = threading.Event()
-        directory = self.directory
-        if directory is None and os.environ.get(JOB_DIR_ENV):
-            directory = os.path.join(os.environ[JOB_DIR_ENV], "stall_watchdog")
+        directory = self._directory()
         watch = _Watch(self.timeout, self.poll_interval, directory, self._stop)
         self._thread = threading.Thread(target=watch.run, name="kmp-stall-watchdog",
                                         daemon=True)

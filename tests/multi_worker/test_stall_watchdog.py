@@ -127,3 +127,35 @@ def test_progressing_fit_finishes_and_differing_timeouts_raise_on_both():
             "runs fewer would leave the others waiting. Differing: timeout (here "
             f"{10.0 + rank!r}; differs from the chief's on worker(s) 1).")
     print("first fit took", [r["first_fit_s"] for r in results], "s with timeout=3")
+
+
+def fit_with_watchdog_on_worker_0_only():
+    import keras
+    import numpy as np
+
+    from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    rank = kmp.topology().worker_index
+    x = np.ones((64, 4), "float32")
+    callbacks = [StallWatchdog(timeout=10)] if rank == 0 else []
+    build().fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0, callbacks=callbacks)
+    return "fit returned"
+
+
+@pytest.mark.timeout(240)
+def test_a_watchdog_on_one_worker_only_fails_the_job_naming_the_other():
+    """Out of band (no collective only one worker runs): worker 0 raises, kmp.launch stops 1."""
+    with pytest.raises(kmp.launch.WorkerFailedError) as raised:
+        kmp.launch(fit_with_watchdog_on_worker_0_only, num_workers=2, timeout=200)
+    err = raised.value
+    assert err.worker_index == 0, str(err)
+    assert ("SettingsDifferError: StallWatchdog must run on every worker, or on none: "
+            "worker(s) 1 started no StallWatchdog within 10 s of this worker's train begin"
+            in str(err)), str(err)
+    assert "InternalError" not in str(err) and "expected data_type" not in str(err)
