@@ -38,6 +38,7 @@ from keras_mgpu_plugins.launch._errors import (
 STALL_EXIT_CODE = 70
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
+_DRAIN_S = 10.0  # for the relays to pass on what the stopped workers wrote last
 _TAIL_LINES = 20
 _output_lock = threading.Lock()
 
@@ -299,7 +300,7 @@ def _stop(workers: list[_Worker]) -> None:
             w.kill_tree(signal.SIGKILL)
     for w in workers:
         w.proc.wait()
-    deadline = time.monotonic() + _GRACE_S
+    deadline = time.monotonic() + _DRAIN_S
     for w in workers:
         for relay in w.relays:  # let the last lines out; never hang on an escaped pipe
             relay.join(max(0.0, deadline - time.monotonic()))
