@@ -113,7 +113,7 @@ def run(out_dir: str, epochs: int, num_workers: int = 2) -> dict:
             "other_files": sorted(set(os.listdir(out_dir)) - set(checkpoints) - {
                 "ray_results", "watchdog", *(f"worker-{r}.json" for r in range(num_workers))}),
             "heartbeats": {path.name: json.loads(path.read_text())["state"]
-                           for path in sorted(pathlib.Path(out_dir, "watchdog").iterdir())}}
+                           for path in sorted(pathlib.Path(out_dir, "watchdog").glob("heartbeat-*.json"))}}
 
 
 def main() -> None:
