@@ -107,7 +107,14 @@ def fit_then_differ():
                         validation_data=(x, x[:, :1]), callbacks=[StallWatchdog(timeout=3)])
     first_fit_s = time.monotonic() - started
     board = _stall.Board(os.path.join(os.environ["KMP_JOB_DIR"], "stall_watchdog"), rank)
-    states = [r.state for r in board.read(2, since=0).values()]
+    # Each worker marks itself finished in its own on_train_end; nothing orders that against
+    # this worker's return from fit, so wait (bounded) for the peer's mark.
+    deadline = time.monotonic() + 60
+    while True:
+        states = [r and r.state for r in board.read(2, since=0).values()]
+        if states == ["finished", "finished"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     try:
         model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[StallWatchdog(timeout=10 + rank)])
         differing = None
