@@ -83,3 +83,7 @@ __all__ = [
     "resolve_monitor_op", "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
 ]
+
+from keras_mgpu_plugins._compat_hybrid import collective_ops_configured  # noqa: E402
+
+__all__ += ["collective_ops_configured"]

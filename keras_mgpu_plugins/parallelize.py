@@ -106,9 +106,18 @@ def parallelize(
                 "batch (with micro_batches: over each piece). Received: sync_batchnorm=True"
             )
         return _model_parallel(factory, devices, micro_batches)
+    if strategy == "hybrid":
+        if sync_batchnorm:
+            raise ValueError(
+                "sync_batchnorm is not available with strategy='hybrid': each worker's "
+                "BatchNormalization normalises over its own share of the global batch. "
+                "Received: sync_batchnorm=True"
+            )
+        return _hybrid(factory, devices, micro_batches)
     if micro_batches is not None:
-        raise ValueError(f"micro_batches only applies to strategy='model_parallel'. Received: "
-                         f"strategy={strategy!r}, micro_batches={micro_batches!r}")
+        raise ValueError(f"micro_batches only applies to strategy='model_parallel' or "
+                         f"'hybrid'. Received: strategy={strategy!r}, "
+                         f"micro_batches={micro_batches!r}")
     if isinstance(strategy, str):
         name = _strategy.resolve_name(strategy, topology())
         if name == "multi_worker":
@@ -175,6 +184,28 @@ def _model_parallel(factory: Callable[..., Any] | None, devices: Any, micro_batc
         return wrapper
 
     return decorate(factory) if factory is not None else decorate
+
+
+def _hybrid(factory: Callable[..., Any] | None, devices: Any, micro_batches: Any) -> Any:
+    """`@parallelize(strategy="hybrid")`: see `keras_mgpu_plugins.model_parallel.hybrid`."""
+    from keras_mgpu_plugins.model_parallel import factory as build
+    from keras_mgpu_plugins.model_parallel import hybrid
+
+    build.check_arguments(devices, micro_batches, 1)
+    hybrid.prepare()  # the multi-worker strategy now, before TF's runtime starts
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return hybrid.build(fn, args, kwargs, devices, micro_batches)
+
+        wrapper.strategy = lambda: (hybrid.prepare()  # type: ignore[attr-defined]
+                                    or _strategy.get_strategy("default", None))
+        return wrapper
+
+    return decorate(factory) if factory is not None else decorate
+
+
 def _patch_if_distributing(active: Any) -> None:
     """Applies `kmp.compat.patch_keras()` for any strategy that spans replicas or workers."""
     from keras_mgpu_plugins import compat

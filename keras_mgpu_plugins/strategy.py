@@ -98,6 +98,50 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
     return _strategies[key]
 
 
+def hybrid_strategy() -> Any:
+    """The multi-worker strategy of `strategy="hybrid"`: one replica per worker.
+
+    Its replica runs on the worker's first GPU (else its CPU); `kmp.parallelize` places
+    the model's layers over the worker's devices itself. Created on first use (before
+    TensorFlow's runtime starts) and then shared like `get_strategy("multi_worker")`.
+
+    Raises:
+        StrategyError: If this process already has a multi-worker strategy with several
+            replicas per worker (e.g. made by `kmp.launch` on a machine with several GPUs).
+    """
+    import tensorflow as tf
+
+    from keras_mgpu_plugins import compat
+
+    compat.check_keras_for_distribution()
+    with _lock:
+        key = ("multi_worker", None)
+        if key not in _strategies:
+            own = collective.workers_strategy(None)
+            if own is not None or compat.collective_ops_configured():
+                raise StrategyError(
+                    "strategy='hybrid' makes its own multi-worker strategy (one replica per "
+                    "worker, the model placed over the worker's devices), but this process "
+                    "already has a multi-worker strategy"
+                    + (f" of your own ({type(own).__name__})" if own is not None else "")
+                    + ". TensorFlow allows one per process: drop yours and let "
+                    "@kmp.parallelize(strategy='hybrid') create it."
+                )
+            _strategies[key] = _create_multi_worker(tf, one_replica=True)
+        strategy = _strategies[key]
+    local = len(strategy.extended.worker_devices)
+    if local != 1:
+        raise StrategyError(
+            "strategy='hybrid' needs a multi-worker strategy with one replica per worker, but "
+            f"this process already has one with {local} replicas per worker "
+            f"({list(strategy.extended.worker_devices)}), made before the factory was "
+            "decorated. Launch with kmp.launch(..., create_strategy=False) or kmp-launch "
+            "--no-strategy, so that @kmp.parallelize(strategy='hybrid') creates it."
+        )
+    collective.note_strategy(strategy)
+    return strategy
+
+
 def check_instance(spec: Any, devices: Sequence[str] | None) -> None:
     """Raises unless `spec` is a `tf.distribute.Strategy` instance given without `devices`."""
     import tensorflow as tf
@@ -148,14 +192,17 @@ def _mirrored_devices(tf: Any, devices: Sequence[str] | None) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
-def _create_multi_worker(tf: Any) -> Any:
+def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
     from keras_mgpu_plugins import compat
 
     existing = [k for k in _strategies if k[0] == "multi_worker"]
     if existing:  # pragma: no cover - guarded by the cache key
         return _strategies[existing[0]]
     topo = topology()
-    if topo.source == "slurm":
+    if one_replica and topo.is_multi_worker:  # hybrid: the first GPU (else the CPU) only
+        gpus = tf.config.list_physical_devices("GPU")
+        resolver = _slurm_resolver(tf, topo, {"GPU": 1} if gpus else None)
+    elif topo.source == "slurm":
         resolver = _slurm_resolver(tf, topo)
     else:
         resolver = None  # TF_CONFIG, read by TF itself; or one worker.
@@ -177,10 +224,12 @@ def _create_multi_worker(tf: Any) -> Any:
     return strategy
 
 
-def _slurm_resolver(tf: Any, topo: Topology) -> Any:
+def _slurm_resolver(tf: Any, topo: Topology, accelerators: dict | None = None) -> Any:
+    """A resolver of `topo`'s cluster (SLURM's, or TF_CONFIG's for `"hybrid"`)."""
     spec = tf.train.ClusterSpec({k: list(v) for k, v in topo.cluster_spec.items()})
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec, task_type=topo.task_type, task_id=topo.task_index, rpc_layer="grpc"
+        spec, task_type=topo.task_type, task_id=topo.task_index, rpc_layer="grpc",
+        num_accelerators=accelerators,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +22,8 @@ def check_arguments(devices: Any, micro_batches: Any, num_workers: int) -> None:
     if num_workers > 1:
         raise ValueError(
             f"strategy='model_parallel' runs in one process on one machine; this job has "
-            f"{num_workers} workers. Data parallel x model parallel across workers (hybrid) is "
-            "not available yet: launch one worker, or use strategy='multi_worker'."
+            f"{num_workers} workers. For data parallel across workers with the model split "
+            "over each worker's devices, use strategy='hybrid' (or launch one worker)."
         )
     if micro_batches is not None and (
             not isinstance(micro_batches, int) or isinstance(micro_batches, bool)
@@ -34,7 +35,8 @@ def check_arguments(devices: Any, micro_batches: Any, num_workers: int) -> None:
 
 
 def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
-          micro_batches: int | None) -> Any:
+          micro_batches: int | None, scope: Callable[[], Any] | None = None,
+          check_plan: Callable[[placement.Plan], None] | None = None) -> Any:
     """Runs the factory, places its model and returns it.
 
     Args:
@@ -44,6 +46,10 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         devices: `None` (every local GPU, else every local CPU device), a list of
             devices (stages, in order), or a mapping from layer-name patterns to devices.
         micro_batches: Pieces per global batch in `fit` (`None`: 1).
+        scope: Makes the context the factory runs and the variables move in
+            (`"hybrid"`: its strategy's scope, `tf.device` honoured).
+        check_plan: Called with the plan before any variable moves (`"hybrid"`: every
+            worker's plan must be the same).
 
     Returns:
         The model, its calls placed and its train step replaced by the placed one.
@@ -51,15 +57,18 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
     import keras
 
     name = getattr(fn, "__qualname__", repr(fn))
-    with placement.recording() as scopes:
-        model = fn(*args, **kwargs)
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"The factory {name} decorated with @parallelize must return a keras.Model. "
-            f"Received: an object of type {type(model).__name__}"
-        )
-    plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
-    placement.apply(model, plan)
+    with (scope or contextlib.nullcontext)():
+        with placement.recording() as scopes:
+            model = fn(*args, **kwargs)
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"The factory {name} decorated with @parallelize must return a keras.Model. "
+                f"Received: an object of type {type(model).__name__}"
+            )
+        plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
+        if check_plan is not None:
+            check_plan(plan)
+        placement.apply(model, plan)
     _after_compile(model)
     _keep_after_compile(model)
     loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None

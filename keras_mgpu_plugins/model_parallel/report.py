@@ -34,7 +34,7 @@ class DeviceRow:
 
 @dataclasses.dataclass(frozen=True)
 class PlacementReport:
-    """Where a model placed by `strategy="model_parallel"` keeps what.
+    """Where a model placed by `strategy="model_parallel"` (or `"hybrid"`) keeps what.
 
     Attributes:
         rows: One `DeviceRow` per device, in stage order.
@@ -42,6 +42,9 @@ class PlacementReport:
         micro_batches: Pieces per batch in `fit`.
         bubble_fraction: Expected idle share of a step, `(S - 1) / (M + S - 1)`.
         optimizer_measured: Whether optimizer bytes come from built slot variables.
+        num_workers: Workers training data parallel, each holding this placement
+            (`strategy="hybrid"`; 1 for `"model_parallel"`).
+        worker_index: This worker's rank among them.
     """
 
     rows: tuple[DeviceRow, ...]
@@ -49,6 +52,8 @@ class PlacementReport:
     micro_batches: int
     bubble_fraction: float
     optimizer_measured: bool
+    num_workers: int = 1
+    worker_index: int = 0
 
     def row(self, device: str) -> DeviceRow:
         """The row of `device` (canonical spelling, e.g. `/device:CPU:1`)."""
@@ -66,6 +71,11 @@ class PlacementReport:
         widths[1] = min(widths[1], 60)
         lines = [f"Placement ({len(self.rows)} stages, batch {self.batch}, micro_batches "
                  f"{self.micro_batches}, expected bubble {self.bubble_fraction:.0%})"]
+        if self.num_workers > 1:
+            lines[0] = (f"Hybrid: {self.num_workers} workers (data parallel) x {len(self.rows)} "
+                        f"devices each (model parallel); this is worker {self.worker_index}, "
+                        "every worker holds the same placement\n" + lines[0].replace(
+                            f"batch {self.batch}", f"batch {self.batch} per worker"))
         for cells in [head, *body]:
             lines.append("  ".join(_fit(str(c), w) for c, w in zip(cells, widths, strict=True)).rstrip())
         return "\n".join(lines)
@@ -88,7 +98,8 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
 
     Args:
         model: A model returned by a factory decorated with
-            `@kmp.parallelize(strategy="model_parallel")`.
+            `@kmp.parallelize(strategy="model_parallel")` or `strategy="hybrid"` (each
+            worker reports its own devices; every worker holds the same placement).
         batch_size: Batch size for the activation and transfer estimates (default: the
             model input's fixed batch size, else 32).
 
@@ -103,6 +114,7 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
     """
     from keras_mgpu_plugins.model_parallel import devices as _devices
     from keras_mgpu_plugins.model_parallel.factory import PLANS
+    from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
 
     plan = PLANS.get(model)
     if plan is None:
@@ -149,4 +161,5 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
     rows = tuple(DeviceRow(d, tuple(r["layers"]), r["params"], r["opt"], r["act"], r["transfer"])
                  for d, r in per.items())
     return PlacementReport(rows, batch, plan.micro_batches,
-                           bubble_fraction(len(rows), plan.micro_batches), measured)
+                           bubble_fraction(len(rows), plan.micro_batches), measured,
+                           *WORKERS.get(model, (1, 0)))

@@ -1,0 +1,22 @@
+"""TensorFlow internals `strategy="hybrid"` reads (re-exported by `compat`).
+
+`collective_ops_configured()`: TensorFlow has no public way to ask whether this process's
+collective runtime is already configured, i.e. whether a `MultiWorkerMirroredStrategy`
+exists. A second one made by `"hybrid"` beside a user's own would share that runtime and
+its collective keys (two strategies issuing the same instance keys: wrong sums or a hang),
+so `kmp.strategy.hybrid_strategy()` refuses it. Known for TensorFlow 2.16 to 2.21 (the
+attribute `_collective_ops_server_def` of the eager context, set by
+`configure_collective_ops`); elsewhere the attribute may be gone, and the answer is
+`False` (no detection: the user's strategy must then be given to kmp to be seen).
+"""
+
+from __future__ import annotations
+
+__all__ = ["collective_ops_configured"]
+
+
+def collective_ops_configured() -> bool:
+    """Whether a multi-worker strategy already configured this process's collective ops."""
+    from tensorflow.python.eager import context
+
+    return getattr(context.context(), "_collective_ops_server_def", None) is not None

@@ -1,0 +1,140 @@
+"""`@parallelize(strategy="hybrid")`: data parallel across workers, the model split within each.
+
+Each worker builds the model placed over its own devices exactly as `"model_parallel"`
+does, inside the scope of a `MultiWorkerMirroredStrategy` that has one replica per worker
+(`kmp.strategy.hybrid_strategy()`). Keras's `fit` then gives each worker its share of every
+global batch and all-reduces the gradients across workers once per step with TensorFlow's
+collectives; the placed train step (`pipeline`) keeps each stage's forward and backward
+ops on the stage's device.
+
+A strategy's scope creates every variable on the strategy's devices, ignoring `tf.device`.
+`placing_scope` makes the requested device stick: a variable creator inside the scope notes
+the device asked for, and one outside it (which the strategy's own creator calls to make
+each component) creates the component there. The variables stay `MirroredVariable`s of the
+strategy (one component each), so Keras's optimizer updates them as usual, on their device.
+See docs/model_parallelism.md, "Hybrid parallelism", for why this design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from keras_mgpu_plugins import _compat_graph as private
+from keras_mgpu_plugins import collective
+from keras_mgpu_plugins.model_parallel import devices as _devices
+from keras_mgpu_plugins.model_parallel import factory
+from keras_mgpu_plugins.model_parallel.placement import Plan
+from keras_mgpu_plugins.topology import topology
+
+#: (workers, this worker's index) of each model placed by "hybrid" (read by `placement_report`).
+WORKERS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def prepare() -> Any:
+    """At decoration: the hybrid strategy when the job has several workers (created now,
+    before TensorFlow's runtime starts), else `None` (one worker: `"model_parallel"`)."""
+    from keras_mgpu_plugins import strategy as _strategy
+
+    return _strategy.hybrid_strategy() if topology().is_multi_worker else None
+
+
+def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
+          micro_batches: int | None) -> Any:
+    """Runs the factory on every worker, places its model and checks the workers agree.
+
+    Raises:
+        ValueError: On every worker, if the workers have different numbers of local
+            devices or place the model differently, or if the factory is called inside
+            another strategy's scope.
+    """
+    import tensorflow as tf
+
+    strategy = prepare()
+    if strategy is None:
+        return factory.build(fn, args, kwargs, devices, micro_batches)
+    if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not strategy:
+        raise ValueError(
+            "strategy='hybrid' builds the model under its own multi-worker strategy; this "
+            f"factory was called inside the scope of a {type(tf.distribute.get_strategy()).__name__}"
+            ". Call it outside any `strategy.scope()`."
+        )
+    _same_device_count(strategy)
+    model = factory.build(fn, args, kwargs, devices, micro_batches,
+                          scope=lambda: placing_scope(strategy),
+                          check_plan=lambda plan: _same_plan(plan, strategy))
+    WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
+    return model
+
+
+@contextlib.contextmanager
+def placing_scope(strategy: Any) -> Iterator[None]:
+    """`strategy.scope()` in which a variable is created where `tf.device` asks (eagerly)."""
+    import tensorflow as tf
+
+    requested: list[str] = []
+
+    def outer(next_creator: Any, **kwargs: Any) -> Any:  # called by the strategy's creator
+        device = requested[-1] if requested else ""
+        if not device:
+            return next_creator(**kwargs)
+        with tf.device(device):
+            return next_creator(**kwargs)
+
+    def inner(next_creator: Any, **kwargs: Any) -> Any:  # called first: notes the request
+        requested.append("" if tf.inside_function() else private.current_device())
+        try:
+            return next_creator(**kwargs)
+        finally:
+            requested.pop()
+
+    # The strategy's scope sets its worker as the default device: cleared, so that a
+    # layer's recorded scope is what the factory asked for (the worker is implied).
+    with tf.variable_creator_scope(outer), strategy.scope(), tf.device(None), \
+            tf.variable_creator_scope(inner):
+        yield
+
+
+def _same_device_count(strategy: Any) -> None:
+    counts = collective.all_gather(np.array([len(_devices.local_devices())]), strategy)[:, 0]
+    if len(set(counts.tolist())) > 1:
+        listed = ", ".join(f"worker {i}: {int(n)}" for i, n in enumerate(counts))
+        raise ValueError(
+            "strategy='hybrid' splits the model the same way on every worker, so every worker "
+            f"needs the same number of local devices. Local devices per worker: {listed}. "
+            "Give every worker the same devices (CUDA_VISIBLE_DEVICES, kmp.simulate_devices)."
+        )
+
+
+def signature(plan: Plan) -> str:
+    """One line per layer call: `label -> device` (what every worker must agree on)."""
+    return "\n".join(f"{call.label} -> {call.device}" for call in plan.calls)
+
+
+def _same_plan(plan: Plan, strategy: Any) -> None:
+    """Raises on every worker, naming the first difference, if a worker placed otherwise."""
+    text = signature(plan).encode()
+    lengths = collective.all_gather(np.array([len(text), zlib.crc32(text)]), strategy)
+    if len({(int(n), int(c)) for n, c in lengths}) == 1:
+        return
+    padded = np.zeros(int(lengths[:, 0].max()), np.int64)
+    padded[:len(text)] = np.frombuffer(text, np.uint8)
+    texts = [bytes(row[:int(n)].astype(np.uint8)).decode()
+             for row, n in zip(collective.all_gather(padded, strategy), lengths[:, 0],
+                               strict=True)]
+    lines = [t.splitlines() for t in texts]
+    first = next((i for i in range(max(map(len, lines)))
+                  if len({tuple(x[i:i + 1]) for x in lines}) > 1), 0)
+    where = "; ".join(f"worker {w}: {x[first] if first < len(x) else '(no such call)'}"
+                      for w, x in enumerate(lines))
+    raise ValueError(
+        "strategy='hybrid' needs the same placement on every worker (each worker holds the "
+        "whole model, and the gradients of a variable are averaged with its copies on the "
+        f"other workers), but the workers placed the model differently. Call {first + 1}: "
+        f"{where}. Make the factory's tf.device scopes and `devices` the same on every worker."
+    )
