@@ -55,21 +55,50 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
     """
     import tensorflow as tf
 
+    if tf.distribute.has_strategy():
+        raise ValueError(
+            "strategy='hybrid' builds the model under a strategy of its own (one replica per "
+            "worker, the model placed over the worker's devices); this factory was called "
+            f"inside the scope of a {type(tf.distribute.get_strategy()).__name__}. Call it "
+            "outside any `strategy.scope()`."
+        )
     strategy = prepare()
     if strategy is None:
-        return factory.build(fn, args, kwargs, devices, micro_batches)
-    if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not strategy:
-        raise ValueError(
-            "strategy='hybrid' builds the model under its own multi-worker strategy; this "
-            f"factory was called inside the scope of a {type(tf.distribute.get_strategy()).__name__}"
-            ". Call it outside any `strategy.scope()`."
-        )
-    _same_device_count(strategy)
-    model = factory.build(fn, args, kwargs, devices, micro_batches,
-                          scope=lambda: placing_scope(strategy),
-                          check_plan=lambda plan: _same_plan(plan, strategy))
-    WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
+        model = factory.build(fn, args, kwargs, devices, micro_batches)
+    else:
+        _same_device_count(strategy)
+        model = factory.build(fn, args, kwargs, devices, micro_batches,
+                              scope=lambda: placing_scope(strategy),
+                              check_plan=lambda plan: _same_plan(plan, strategy))
+        WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
+        _refuse_accumulation(model)
+        _keep_refusing_accumulation(model)
     return model
+
+
+def _refuse_accumulation(model: Any) -> None:
+    """Gradient accumulation is refused up front, naming the alternatives."""
+    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            f"An optimizer with gradient_accumulation_steps={steps} is not supported with "
+            "strategy='hybrid' on several workers (Keras all-reduces the gradients inside the "
+            "accumulation's cond, which the multi-worker strategy cannot do). Received: "
+            f"gradient_accumulation_steps={steps}. Use micro_batches={steps} (each batch in "
+            f"{steps} pieces, one update: the memory of one piece's activations) or a "
+            f"{steps}x larger global batch."
+        )
+
+
+def _keep_refusing_accumulation(model: Any) -> None:
+    original = model.compile
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        _refuse_accumulation(model)
+        return result
+
+    model.compile = compile
 
 
 @contextlib.contextmanager
