@@ -72,7 +72,7 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
                               check_plan=lambda plan: _same_plan(plan, strategy))
         WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
         _refuse_accumulation(model)
-        _keep_refusing_accumulation(model)
+        _compile_in_scope(model, strategy)
     return model
 
 
@@ -90,11 +90,17 @@ def _refuse_accumulation(model: Any) -> None:
         )
 
 
-def _keep_refusing_accumulation(model: Any) -> None:
+def _compile_in_scope(model: Any, strategy: Any) -> None:
+    """A compile after the factory creates its optimizer under the strategy too."""
+    import tensorflow as tf
+
     original = model.compile
 
     def compile(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            if not tf.distribute.has_strategy():
+                stack.enter_context(placing_scope(strategy))
+            result = original(*args, **kwargs)
         _refuse_accumulation(model)
         return result
 

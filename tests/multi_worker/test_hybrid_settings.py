@@ -1,0 +1,103 @@
+"""strategy="hybrid" with the fit settings: 2 workers (kmp.launch) x 2 simulated devices.
+
+`steps_per_execution`, `micro_batches` and mixed precision train as one process on the
+same global batches; gradient accumulation is refused with the alternatives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+from tests.multi_worker.test_hybrid import EPOCHS, GLOBAL_BATCH, make_data, mlp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(200)]
+
+
+def settings_job():
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    kmp.simulate_devices(2)
+    x, y = make_data()
+    seen = {}
+
+    def fit(model, **kwargs):
+        history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+                            verbose=0, **kwargs)
+        return {"weights": model.get_weights(), "loss": history.history["loss"],
+                "devices": sorted({v.value.device[-5:] for v in model.weights})}
+
+    model = kmp.parallelize(strategy="hybrid")(mlp)()
+    with model.distribute_strategy.scope():  # an optimizer made later: in the scope, as always
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse",
+                      steps_per_execution=2)
+    seen["steps_per_execution"] = fit(model)
+    seen["micro_batches"] = fit(kmp.parallelize(strategy="hybrid", micro_batches=2)(mlp)())
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = kmp.parallelize(strategy="hybrid")(mlp)()
+        seen["mixed"] = fit(model)
+        seen["mixed"]["optimizer"] = type(model.optimizer).__name__
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+    def accumulate():
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.SGD(0.05, gradient_accumulation_steps=2),
+                      loss="mse")
+        return model
+
+    try:
+        kmp.parallelize(strategy="hybrid")(accumulate)()
+        seen["accumulation"] = None
+    except ValueError as err:
+        seen["accumulation"] = str(err)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def results():
+    return kmp.launch(settings_job, num_workers=2, create_strategy=False, timeout=180)
+
+
+def single(**compile_kwargs):
+    x, y = make_data()
+    model = mlp()
+    if compile_kwargs:
+        import keras
+
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse",
+                      **compile_kwargs)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("setting", ["steps_per_execution", "micro_batches"])
+def test_setting_trains_as_one_process(results, setting):
+    chief, other = (r[setting] for r in results)
+    want = single(steps_per_execution=2) if setting == "steps_per_execution" else single()
+    assert chief["loss"] == other["loss"] and chief["devices"] == ["CPU:0", "CPU:1"]
+    for a, b, w in zip(chief["weights"], other["weights"], want, strict=True):
+        assert np.array_equal(a, b)
+        assert np.max(np.abs(a - w)) < 1e-5
+
+
+def test_mixed_precision_trains_placed_and_identical_on_both_workers(results):
+    chief, other = (r["mixed"] for r in results)
+    assert chief["optimizer"] == "LossScaleOptimizer" and chief["devices"] == ["CPU:0", "CPU:1"]
+    assert chief["loss"] == other["loss"] and np.isfinite(chief["loss"]).all()
+    assert chief["loss"][-1] < chief["loss"][0]
+    want = single()
+    for a, b, w in zip(chief["weights"], other["weights"], want, strict=True):
+        assert a.dtype == np.float32 and np.array_equal(a, b)
+        assert np.max(np.abs(a - w)) < 1e-2  # float16 compute
+
+
+def test_gradient_accumulation_is_refused_with_the_alternatives(results):
+    for seen in results:
+        message = seen["accumulation"]
+        assert message is not None and "gradient_accumulation_steps=2" in message
+        assert "strategy='hybrid'" in message and "micro_batches=2" in message
