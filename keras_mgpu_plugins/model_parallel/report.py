@@ -74,8 +74,7 @@ class PlacementReport:
         if self.num_workers > 1:
             lines[0] = (f"Hybrid: {self.num_workers} workers (data parallel) x {len(self.rows)} "
                         f"devices each (model parallel); this is worker {self.worker_index}, "
-                        "every worker holds the same placement\n" + lines[0].replace(
-                            f"batch {self.batch}", f"batch {self.batch} per worker"))
+                        "every worker holds the same placement\n" + lines[0])
         for cells in [head, *body]:
             lines.append("  ".join(_fit(str(c), w) for c, w in zip(cells, widths, strict=True)).rstrip())
         return "\n".join(lines)
