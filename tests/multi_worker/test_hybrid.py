@@ -3,12 +3,12 @@
 One launched job trains the placed model with every callback and returns what each worker
 saw; the test process compares it with one process training the unplaced model on the
 same global batches. A killed worker and a relaunch on the same folder check
-BackupAndRestore; two short launches check the errors that need several processes.
+BackupAndRestore (test_hybrid_backup.py); the errors are in test_hybrid_errors.py.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import signal
 
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.launch import WorkerFailedError
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
 
 GLOBAL_BATCH = 16
 EPOCHS = 3
 KILL_EPOCH = 1  # 0-based: worker 1 dies in the second of three epochs
+WANDB = importlib.util.find_spec("wandb") is not None
 STAGE = {"dense_0": 0, "dense_1": 0, "dense_2": 1, "dense_3": 1, "head": 1}
 
 
@@ -52,7 +52,7 @@ def devices_of(variables):
     return {v.path: [c.device for c in v.value.values] for v in variables if len(v.shape)}
 
 
-def train(out, kill=False):
+def train(out, kill=False, extra=()):
     """Fits the hybrid model with the callbacks; worker 1 dies mid-run when `kill`."""
     import keras
 
@@ -83,7 +83,7 @@ def train(out, kill=False):
     callbacks = [BackupAndRestore(os.path.join(out, "backup")),
                  ModelCheckpoint(os.path.join(out, "model.keras")), verifier,
                  DeviceMetricsLogger(sampler=sampler, sample_interval=None, summary=False),
-                 Record()]
+                 Record(), *extra]
     x, y = make_data()
     history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                         validation_data=(x[:32], y[:32]), callbacks=callbacks)
@@ -210,27 +210,3 @@ def test_a_placement_that_differs_between_workers_fails_on_every_worker(results)
         message = seen["differs"]
         assert message is not None and "placed the model differently" in message
         assert "worker 0: dense_0 -> /device:CPU:0; worker 1: dense_0 -> /device:CPU:1" in message
-
-
-def test_killed_worker_then_relaunch_resumes_to_the_same_weights(tmp_path, results):
-    _, (chief, _) = results
-    with pytest.raises(WorkerFailedError) as failure:
-        kmp.launch(job, num_workers=2, args=(str(tmp_path),), kwargs={"kill": True},
-                   create_strategy=False, timeout=200)
-    assert (failure.value.worker_index, failure.value.signal) == (1, "SIGKILL")
-    with open(tmp_path / "backup" / "training_metadata.json") as f:
-        assert json.load(f)["epoch"] == KILL_EPOCH
-    resumed = kmp.launch(resume, num_workers=2, args=(str(tmp_path),), create_strategy=False,
-                         timeout=200)
-    for seen in resumed:
-        assert seen["epochs"] == list(range(KILL_EPOCH, EPOCHS))
-        for a, b in zip(seen["weights"], chief["weights"], strict=True):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-    for a, b in zip(resumed[0]["weights"], resumed[1]["weights"], strict=True):
-        assert np.array_equal(a, b)
-
-
-def resume(out):
-    kmp.simulate_devices(2)
-    _, seen = train(out)
-    return seen
