@@ -54,17 +54,20 @@ def parallelize(
         factory: The model factory, when used as a bare `@parallelize`.
         strategy: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`,
             `"model_parallel"` (layer calls placed on several devices of this process:
-            see docs/model_parallelism.md), or a `tf.distribute.Strategy` instance. One strategy per process: every
+            see docs/model_parallelism.md), `"hybrid"` (several workers train data
+            parallel, each with the model placed over its own devices as
+            `"model_parallel"` does; on one worker it is `"model_parallel"`), or a
+            `tf.distribute.Strategy` instance. One strategy per process: every
             factory decorated with the same choice shares it. A
             `MultiWorkerMirroredStrategy` of your own gets the Keras fixes of
             `kmp.compat.patch_keras()` too.
         devices: For `"mirrored"`: the devices to replicate on. For
-            `"model_parallel"`: the stage devices in order (default: every local GPU,
+            `"model_parallel"` and `"hybrid"`: the stage devices in order (default: every local GPU,
             else every local CPU device), or a mapping from layer-name patterns to devices.
         require_compiled: Raise if the factory returns an uncompiled model
             under a distributing strategy (its optimizer must be created in
             the scope).
-        micro_batches: For `"model_parallel"`: split each batch into this many pieces
+        micro_batches: For `"model_parallel"` and `"hybrid"`: split each batch into this many pieces
             in `fit` so stages work on different pieces at once (must divide the batch).
         sync_batchnorm: Make every `BatchNormalization` in the model compute
             its batch statistics over the global batch (all replicas and
