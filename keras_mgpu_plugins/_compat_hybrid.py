@@ -8,11 +8,15 @@ so `kmp.strategy.hybrid_strategy()` refuses it. Known for TensorFlow 2.16 to 2.2
 attribute `_collective_ops_server_def` of the eager context, set by
 `configure_collective_ops`); elsewhere the attribute may be gone, and the answer is
 `False` (no detection: the user's strategy must then be given to kmp to be seen).
+
+`this_task()`: in a multi-worker job TensorFlow lists every worker's devices by full name;
+which of them are this process's is the eager context's host address space (no public
+API names it). Known for TensorFlow 2.16 to 2.21 (`Context.host_address_space`).
 """
 
 from __future__ import annotations
 
-__all__ = ["collective_ops_configured"]
+__all__ = ["collective_ops_configured", "this_task"]
 
 
 def collective_ops_configured() -> bool:
@@ -20,3 +24,10 @@ def collective_ops_configured() -> bool:
     from tensorflow.python.eager import context
 
     return getattr(context.context(), "_collective_ops_server_def", None) is not None
+
+
+def this_task() -> str:
+    """This process's address space, e.g. `/job:worker/replica:0/task:1` (starts the runtime)."""
+    from tensorflow.python.eager import context
+
+    return context.context().host_address_space()

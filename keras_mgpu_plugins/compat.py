@@ -84,6 +84,6 @@ __all__ = [
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
 ]
 
-from keras_mgpu_plugins._compat_hybrid import collective_ops_configured  # noqa: E402
+from keras_mgpu_plugins._compat_hybrid import collective_ops_configured, this_task  # noqa: E402
 
-__all__ += ["collective_ops_configured"]
+__all__ += ["collective_ops_configured", "this_task"]

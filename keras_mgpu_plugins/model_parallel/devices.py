@@ -34,9 +34,9 @@ def _this_task(tf: object, names: Sequence[str]) -> tuple | None:
     """(job, replica, task) of this process when the runtime knows a cluster, else `None`."""
     if not any(name.startswith("/job:") for name in names):
         return None
-    from tensorflow.python.eager import context
+    from keras_mgpu_plugins import compat
 
-    spec = tf.DeviceSpec.from_string(context.context().host_address_space())
+    spec = tf.DeviceSpec.from_string(compat.this_task())
     return spec.job, spec.replica, spec.task
 
 
