@@ -35,7 +35,10 @@ def settings_job():
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse",
                       steps_per_execution=2)
     seen["steps_per_execution"] = fit(model)
-    seen["micro_batches"] = fit(kmp.parallelize(strategy="hybrid", micro_batches=2)(mlp)())
+    model = kmp.parallelize(strategy="hybrid", micro_batches=2)(mlp)()
+    seen["micro_batches"] = fit(model)
+    seen["evaluate"] = model.evaluate(x[:40], y[:40], batch_size=GLOBAL_BATCH, verbose=0)
+    seen["predict"] = model.predict(x[:20], batch_size=8, verbose=0)  # a last batch of 4
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = kmp.parallelize(strategy="hybrid")(mlp)()
@@ -63,7 +66,7 @@ def results():
     return kmp.launch(settings_job, num_workers=2, create_strategy=False, timeout=180)
 
 
-def single(**compile_kwargs):
+def single(model_out=None, **compile_kwargs):
     x, y = make_data()
     model = mlp()
     if compile_kwargs:
@@ -72,6 +75,8 @@ def single(**compile_kwargs):
         model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5), loss="mse",
                       **compile_kwargs)
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    if model_out is not None:
+        model_out.append(model)
     return model.get_weights()
 
 
@@ -83,6 +88,18 @@ def test_setting_trains_as_one_process(results, setting):
     for a, b, w in zip(chief["weights"], other["weights"], want, strict=True):
         assert np.array_equal(a, b)
         assert np.max(np.abs(a - w)) < 1e-5
+
+
+def test_evaluate_and_predict_match_one_process(results):
+    x, y = make_data()
+    models = []
+    single(models)
+    want_eval = models[0].evaluate(x[:40], y[:40], batch_size=GLOBAL_BATCH, verbose=0)
+    want_pred = models[0].predict(x[:20], batch_size=8, verbose=0)
+    for seen in results:
+        np.testing.assert_allclose(seen["evaluate"], want_eval, rtol=1e-5)
+        assert seen["predict"].shape == (20, 1)  # every row once, in order
+        np.testing.assert_allclose(seen["predict"], want_pred, atol=1e-5)
 
 
 def test_mixed_precision_trains_placed_and_identical_on_both_workers(results):
