@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(20
 
 def settings_job():
     import keras
+    import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
 
@@ -46,6 +47,32 @@ def settings_job():
         seen["mixed"]["optimizer"] = type(model.optimizer).__name__
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+    rows = []
+
+    class Recorder(keras.layers.Layer):
+        """Identity; records the first feature of every row this worker trains on."""
+
+        def call(self, inputs, training=False):
+            if training:
+                def append(values):
+                    rows.append(values.copy())
+                    return np.int64(0)
+
+                token = tf.numpy_function(append, [inputs[:, 0]], tf.int64)
+                with tf.control_dependencies([token]):
+                    return tf.identity(inputs)
+            return inputs
+
+    def recording():
+        inputs = keras.Input((6,))
+        model = keras.Model(inputs, keras.layers.Dense(1)(Recorder()(inputs)))
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    kmp.parallelize(strategy="hybrid")(recording)().fit(x, y, batch_size=GLOBAL_BATCH,
+                                                       epochs=1, shuffle=False, verbose=0)
+    seen["rows"] = rows
 
     def accumulate():
         model = mlp()
@@ -100,6 +127,17 @@ def test_evaluate_and_predict_match_one_process(results):
         np.testing.assert_allclose(seen["evaluate"], want_eval, rtol=1e-5)
         assert seen["predict"].shape == (20, 1)  # every row once, in order
         np.testing.assert_allclose(seen["predict"], want_pred, atol=1e-5)
+
+
+def test_each_worker_trains_on_its_own_half_of_every_global_batch(results):
+    x, _ = make_data()
+    row_of = {float(v): i for i, v in enumerate(x[:, 0])}
+    rows = [[sorted(row_of[float(v)] for v in batch) for batch in r["rows"]] for r in results]
+    steps = len(x) // GLOBAL_BATCH
+    assert [len(r) for r in rows] == [steps, steps]
+    for step, (a, b) in enumerate(zip(*rows, strict=True)):
+        assert len(a) == len(b) == GLOBAL_BATCH // 2 and not set(a) & set(b)
+        assert sorted(a + b) == list(range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH))
 
 
 def test_mixed_precision_trains_placed_and_identical_on_both_workers(results):
