@@ -179,6 +179,14 @@ def _xla_per_replica(model: Any, step_function: Any) -> Any:
         try:
             with StatelessScope() as scope:
                 outputs = step_function(data)
+        except RuntimeError as err:
+            if "merge_call" not in str(err):
+                raise
+            raise ValueError(
+                "compile(jit_compile=True) under tf.distribute: the step synchronizes replicas "
+                "(a collective in the forward pass), and keras_mgpu_plugins compiles each "
+                "replica's step with XLA, where no collective can run. Received: "
+                "jit_compile=True. Use jit_compile=False (or 'auto').") from err
         finally:
             _recording.pending = None
         candidates = {id(v): v for v in (list(model.variables) + list(model.metrics_variables)

@@ -144,16 +144,30 @@ def refuse_unsupported_settings(model: Any) -> None:
         ValueError: For `jit_compile=True` with a model that overrides
             `train_step`: XLA compiles each replica's Keras `train_step` with
             the optimizer's update deferred until after it (`_compat_fit`), which
-            a custom step may rely on (e.g. metrics of the updated weights).
+            a custom step may rely on (e.g. metrics of the updated weights); and
+            with a synchronized BatchNormalization (no collective runs in XLA).
     """
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    if (getattr(model, "_jit_compile", None) is True
-            and type(model).train_step is not tf_trainer.TensorFlowTrainer.train_step):
+    from keras_mgpu_plugins._compat_private import all_layers
+
+    if getattr(model, "_jit_compile", None) is not True:
+        return
+    strategy = strategy_name(model.distribute_strategy)
+    synchronized = [layer.name for layer in all_layers(model) if getattr(layer, "synchronized", False)]
+    if synchronized:
+        raise ValueError(
+            f"compile(jit_compile=True) with a synchronized BatchNormalization ({synchronized[0]}; "
+            "parallelize(sync_batchnorm=True) sets synchronized=True) is not supported under "
+            f"{strategy}: keras_mgpu_plugins compiles each replica's step with XLA, where the "
+            "statistics' all-reduce cannot run. Received: jit_compile=True. Use "
+            "jit_compile=False (or 'auto'), or sync_batchnorm=False."
+        )
+    if type(model).train_step is not tf_trainer.TensorFlowTrainer.train_step:
         raise ValueError(
             f"compile(jit_compile=True) with a model that overrides train_step "
             f"({type(model).__name__}.train_step) is not supported under "
-            f"{strategy_name(model.distribute_strategy)}: keras_mgpu_plugins compiles each "
+            f"{strategy}: keras_mgpu_plugins compiles each "
             "replica's Keras train_step with XLA and runs the all-reduce and the optimizer "
             "after it, which a custom train_step may not allow. Received: jit_compile=True. "
             "Use jit_compile=False (or 'auto'), and put tf.function(jit_compile=True) around "
