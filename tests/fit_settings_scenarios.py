@@ -296,3 +296,26 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
     runs["dict_multi_io"] = model.get_weights()
     runs["dict_multi_io_history"] = history.history
     return runs
+
+
+def device_metrics_per_batch_run(strategy, steps_per_execution=4, log_freq=4):
+    """DeviceMetricsLogger taking a record every `log_freq` batches: the CSV rows (epoch, batches
+    done, kind) and the batches its published records name."""
+    import csv
+
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.callbacks import DeviceMetricsLogger
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(model_factory(steps_per_execution))()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "metrics.csv")
+        logger = DeviceMetricsLogger(log_freq=log_freq, csv_path=path, summary=False,
+                                     sample_interval=None)
+        history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[logger])
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    return {"rows": [(r["epoch"], r["batch"], r["kind"]) for r in rows],
+            "records": len(logger.records), "history": history.history,
+            "weights": model.get_weights()}

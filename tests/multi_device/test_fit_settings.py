@@ -252,3 +252,14 @@ def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given()
         assert _compat_patches._applied == {}  # one device: Keras as released
     finally:
         compat.patch_keras()
+
+
+def test_device_metrics_logger_per_batch_records_with_steps_per_execution_as_one_device():
+    """Batch hooks come once per execution of 4 steps: records every 4 batches stay at 4, 8."""
+    two = s.device_metrics_per_batch_run("mirrored", steps_per_execution=4)
+    one = s.device_metrics_per_batch_run("default", steps_per_execution=4)
+    every_step = s.device_metrics_per_batch_run("default", steps_per_execution=1)
+    expected = [(str(e), batch, kind) for e in range(2)
+                for batch, kind in (("4", "batch"), ("8", "batch"), ("10", "epoch"))]
+    assert two["rows"] == one["rows"] == every_step["rows"] == expected
+    s.assert_close(two["weights"], one["weights"])
