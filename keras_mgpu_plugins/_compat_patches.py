@@ -3,7 +3,7 @@
 Each patch names the upstream issue it works around and the Keras versions it
 is known for (it is applied only there), and is tested by a real multi-worker
 run that fails without it (`tests/multi_worker/test_fit.py`). The patches
-themselves live in `_compat_trainer` and `_compat_loss_scale`.
+themselves live in `_compat_trainer`, `_compat_loss_scale` and `_compat_fit`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ from typing import Any
 
 from packaging.version import Version
 
+from keras_mgpu_plugins._compat_fit import (
+    accumulation_merges_inside_cond,
+    jit_compiles_the_distributed_step,
+    patch_gradient_accumulation,
+    patch_jit_compile,
+)
 from keras_mgpu_plugins._compat_loss_scale import (
     loss_scale_takes_first_replica,
     patch_loss_scale_finiteness,
@@ -102,6 +108,25 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_loss_scale_finiteness,
         present=loss_scale_takes_first_replica,
+    ),
+    # Both checked on Keras 3.15 only; applied from the first Keras kmp distributes with
+    # (MIN_KERAS_FOR_DISTRIBUTION). `jit_compile_per_replica` wraps whatever `_make_function`
+    # is in force, so it comes after `steps_per_execution_under_distribution`.
+    Patch(
+        name="gradient_accumulation_under_distribution",
+        upstream="https://github.com/keras-team/keras/issues/20582",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_gradient_accumulation,
+        present=accumulation_merges_inside_cond,
+    ),
+    Patch(
+        name="jit_compile_per_replica",
+        upstream="https://github.com/keras-team/keras/issues/19005",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_jit_compile,
+        present=jit_compiles_the_distributed_step,
     ),
 )
 

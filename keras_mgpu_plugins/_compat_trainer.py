@@ -3,7 +3,7 @@
 Each `patch_*` function applies one workaround and returns its undo; the
 check after it says whether the installed Keras still has the code it fixes. The `PATCHES` table (`_compat_patches`) names their upstream issues and
 Keras versions. `distributing` and `refuse_unsupported_settings` are also used
-by `parallelize` and the loss-scale patch.
+by `parallelize` and the patches of `_compat_loss_scale` and `_compat_fit`.
 """
 
 from __future__ import annotations
@@ -141,28 +141,37 @@ def refuse_unsupported_settings(model: Any) -> None:
     `compile`) under a strategy that spans replicas or workers.
 
     Raises:
-        ValueError: For `jit_compile=True` (XLA would compile the whole
-            multi-replica function: a TensorFlow error on CPU devices, and
-            Keras's own `"auto"` turns XLA off under tf.distribute) and for an
-            optimizer with `gradient_accumulation_steps` (its all-reduce runs
-            inside a `cond`: "merge_call called while defining a new graph").
+        ValueError: For `jit_compile=True` with a model that overrides
+            `train_step`: XLA compiles each replica's Keras `train_step` with
+            the optimizer's update deferred until after it (`_compat_fit`), which
+            a custom step may rely on (e.g. metrics of the updated weights); and
+            with a synchronized BatchNormalization (no collective runs in XLA).
     """
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    from keras_mgpu_plugins._compat_private import all_layers
+
+    if getattr(model, "_jit_compile", None) is not True:
+        return
     strategy = strategy_name(model.distribute_strategy)
-    if getattr(model, "_jit_compile", None) is True:
+    synchronized = [layer.name for layer in all_layers(model) if getattr(layer, "synchronized", False)]
+    if synchronized:
         raise ValueError(
-            f"compile(jit_compile=True) is not supported under {strategy}: XLA would compile "
-            "the whole multi-replica step (TensorFlow fails: 'Trying to access resource ... "
-            "located in device'). Received: jit_compile=True. Use jit_compile='auto' (Keras "
-            "turns XLA off under tf.distribute) or jit_compile=False."
+            f"compile(jit_compile=True) with a synchronized BatchNormalization ({synchronized[0]}; "
+            "parallelize(sync_batchnorm=True) sets synchronized=True) is not supported under "
+            f"{strategy}: keras_mgpu_plugins compiles each replica's step with XLA, where the "
+            "statistics' all-reduce cannot run. Received: jit_compile=True. Use "
+            "jit_compile=False (or 'auto'), or sync_batchnorm=False."
         )
-    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
-    if steps:
+    if type(model).train_step is not tf_trainer.TensorFlowTrainer.train_step:
         raise ValueError(
-            f"An optimizer with gradient_accumulation_steps={steps} is not supported under "
-            f"{strategy}: Keras all-reduces the gradients inside the accumulation's cond "
-            "('merge_call called while defining a new graph'). Use "
-            f"gradient_accumulation_steps=None with a {steps}x larger global batch size "
-            "(several devices or workers already give a larger batch per update)."
+            f"compile(jit_compile=True) with a model that overrides train_step "
+            f"({type(model).__name__}.train_step) is not supported under "
+            f"{strategy}: keras_mgpu_plugins compiles each "
+            "replica's Keras train_step with XLA and runs the all-reduce and the optimizer "
+            "after it, which a custom train_step may not allow. Received: jit_compile=True. "
+            "Use jit_compile=False (or 'auto'), and put tf.function(jit_compile=True) around "
+            "the forward and backward pass inside your train_step."
         )
 
 
@@ -247,5 +256,5 @@ def patch_steps_per_execution() -> Any:
 def multi_step_conds_the_step() -> bool | None:
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    return source_has(tf_trainer.TensorFlowTrainer._make_function, "tf.cond(", "has_next",
+    return source_has(tf_trainer, "tf.cond(", "has_next",  # the module: _make_function may be patched
                        "one_step_on_data(next_optional_inputs.get_value())")

@@ -9,7 +9,8 @@ in private modules, each under ~300 lines:
   applied only there), and is tested by a real multi-worker run that fails
   without it (`tests/multi_worker/test_fit.py`). The patches themselves are in
   `_compat_trainer` (symbolic build, scalar log reduce, `steps_per_execution`;
-  also `distributing`, `refuse_unsupported_settings`) and `_compat_loss_scale`.
+  also `distributing`, `refuse_unsupported_settings`), `_compat_loss_scale` and
+  `_compat_fit` (`jit_compile=True`, `gradient_accumulation_steps`).
   Users who build their own `tf.distribute.MultiWorkerMirroredStrategy` call
   `kmp.compat.patch_keras()` once; `parallelize` does it for them.
 - `_compat_private`: private API. The rest of the package touches no Keras

@@ -24,11 +24,12 @@ def make_data(rows=ROWS, seed=7):
     return x, y
 
 
-def model_factory(steps_per_execution=1, batchnorm=False, optimizer=None, **compile_kwargs):
+def model_factory(steps_per_execution=1, batchnorm=False, optimizer=None, probe=None, **compile_kwargs):
+    """`probe`: a layer made lazily (a function returning it) put first."""
     import keras
 
     def build():
-        layers = [keras.Input((5,)),
+        layers = [keras.Input((5,)), *([probe()] if probe else []),
                   keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3))]
         if batchnorm:
             layers.append(keras.layers.BatchNormalization())
@@ -134,12 +135,10 @@ def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, l
             "train_batches": recorder.train, "saved": saved}
 
 
-def keras_habits_run(strategy):
-    """Subclassed train_step, fit twice, re-compile, validation_freq, initial_epoch, class_weight."""
+def custom_train_step_factory(**compile_kwargs):
+    """A subclassed model whose train_step follows Keras's guide (metrics of the updated weights)."""
     import keras
     import tensorflow as tf
-
-    import keras_mgpu_plugins as kmp
 
     class Custom(keras.Model):
         def __init__(self):
@@ -164,11 +163,20 @@ def keras_habits_run(strategy):
 
     def build():
         model = Custom()
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], **compile_kwargs)
         return model
 
+    return build
+
+
+def keras_habits_run(strategy):
+    """Subclassed train_step, fit twice, re-compile, validation_freq, initial_epoch, class_weight."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
     x, y = make_data()
-    model = kmp.parallelize(strategy=strategy)(build)()
+    model = kmp.parallelize(strategy=strategy)(custom_train_step_factory())()
     first = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                       validation_data=(x[:16], y[:16]), validation_freq=2)
     second = model.fit(x, y, batch_size=8, epochs=4, initial_epoch=2, shuffle=False, verbose=0)
@@ -182,22 +190,50 @@ def keras_habits_run(strategy):
             "predict": model.predict(x, batch_size=8, verbose=0)}
 
 
+def xla_and_accumulation_run(strategy, jit_compile=True, accumulation=None, steps_per_execution=1):
+    """fit (with validation) and evaluate with `jit_compile` and the optimizer's
+    `gradient_accumulation_steps=accumulation`; `xla` says, for each trace of the model's
+    forward pass in training, whether XLA compiled it."""
+    import keras
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    import keras_mgpu_plugins as kmp
+
+    xla = []
+
+    class XlaProbe(keras.layers.Layer):
+        def call(self, inputs, training=None):
+            if training and not isinstance(inputs, keras.KerasTensor):
+                xla.append(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+            return inputs
+
+    build = model_factory(steps_per_execution, probe=XlaProbe,
+                          jit_compile=jit_compile, optimizer=lambda: keras.optimizers.SGD(
+                              0.05, gradient_accumulation_steps=accumulation))
+    x, y = make_data(64)
+    model = kmp.parallelize(strategy=strategy)(build)()
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                        validation_data=(x[:16], y[:16]))
+    return {"weights": model.get_weights(), "history": history.history, "xla": xla,
+            "evaluate": model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True),
+            "iterations": int(keras.ops.convert_to_numpy(model.optimizer.iterations))}
+
+
 def refused_settings(strategy):
     """The message each setting kmp cannot make equivalent raises at the first fit."""
-    import keras
-
     import keras_mgpu_plugins as kmp
 
     x, y = make_data()
     messages = {}
-    for name, factory in {
-        "jit_compile": model_factory(jit_compile=True),
-        "gradient_accumulation_steps": model_factory(
-            optimizer=lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)),
+    for name, build in {
+        "jit_compile_custom_train_step": lambda: kmp.parallelize(strategy=strategy)(
+            custom_train_step_factory(jit_compile=True))(),
+        "jit_compile_sync_batchnorm": lambda: kmp.parallelize(strategy=strategy, sync_batchnorm=True)(
+            model_factory(batchnorm=True, jit_compile=True))(),
     }.items():
-        model = kmp.parallelize(strategy=strategy)(factory)()
         try:
-            model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+            build().fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
             messages[name] = None
         except ValueError as err:
             messages[name] = str(err)
@@ -260,3 +296,26 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
     runs["dict_multi_io"] = model.get_weights()
     runs["dict_multi_io_history"] = history.history
     return runs
+
+
+def device_metrics_per_batch_run(strategy, steps_per_execution=4, log_freq=4):
+    """DeviceMetricsLogger taking a record every `log_freq` batches: the CSV rows (epoch, batches
+    done, kind) and the batches its published records name."""
+    import csv
+
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.callbacks import DeviceMetricsLogger
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(model_factory(steps_per_execution))()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "metrics.csv")
+        logger = DeviceMetricsLogger(log_freq=log_freq, csv_path=path, summary=False,
+                                     sample_interval=None)
+        history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[logger])
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    return {"rows": [(r["epoch"], r["batch"], r["kind"]) for r in rows],
+            "records": len(logger.records), "history": history.history,
+            "weights": model.get_weights()}

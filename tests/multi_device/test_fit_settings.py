@@ -120,13 +120,88 @@ def test_keras_habits_match_one_device():
     np.testing.assert_allclose(two["predict"], one["predict"], atol=1e-5)
 
 
+def without_patch(monkeypatch, name):
+    """Every compat patch but `name` in force (restored by the caller's monkeypatch.undo)."""
+    compat.unpatch_keras()
+    monkeypatch.setattr(_compat_patches, "PATCHES",
+                        tuple(p for p in _compat_patches.PATCHES if p.name != name))
+    compat.patch_keras()
+
+
+@pytest.fixture
+def no_jit_patch(monkeypatch):
+    without_patch(monkeypatch, "jit_compile_per_replica")
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+@pytest.fixture
+def no_accumulation_patch(monkeypatch):
+    without_patch(monkeypatch, "gradient_accumulation_under_distribution")
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+def assert_same_run(got, want):
+    s.assert_close(got["weights"], want["weights"])
+    for key, values in want["history"].items():
+        np.testing.assert_allclose(got["history"][key], values, atol=1e-5, err_msg=key)
+    for key, value in want["evaluate"].items():
+        np.testing.assert_allclose(got["evaluate"][key], value, atol=1e-5, err_msg=key)
+    assert got["iterations"] == want["iterations"]
+
+
+def test_jit_compile_compiles_each_replica_and_trains_as_one_device():
+    one, two = s.xla_and_accumulation_run("default"), s.xla_and_accumulation_run("mirrored")
+    # Every trace of the forward pass in training was XLA's: at least one per replica.
+    assert all(one["xla"]) and all(two["xla"]) and len(two["xla"]) >= 2
+    assert_same_run(two, one)
+    plain = s.xla_and_accumulation_run("default", jit_compile=False)
+    assert plain["xla"] and not any(plain["xla"])
+    assert_same_run(two, plain)
+
+
+def test_jit_compile_fails_under_mirrored_without_the_patch(no_jit_patch):
+    """keras-team/keras#19005: drop the patch when this stops failing."""
+    with pytest.raises(Exception, match="Trying to access resource"):
+        s.xla_and_accumulation_run("mirrored")
+
+
+def test_gradient_accumulation_matches_one_device_accumulating_the_global_micro_batches():
+    one = s.xla_and_accumulation_run("default", jit_compile=False, accumulation=2)
+    two = s.xla_and_accumulation_run("mirrored", jit_compile=False, accumulation=2)
+    assert one["iterations"] == 8  # 16 micro-batches of 8 rows, 8 updates
+    assert_same_run(two, one)
+    every_step = s.xla_and_accumulation_run("default", jit_compile=False)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(every_step["weights"], one["weights"], strict=True)) > 1e-2
+
+
+def test_gradient_accumulation_with_xla_and_steps_per_execution_matches_one_device():
+    settings = {"accumulation": 3, "steps_per_execution": 4}  # updates straddle executions
+    one = s.xla_and_accumulation_run("default", **settings)
+    two = s.xla_and_accumulation_run("mirrored", **settings)
+    assert all(two["xla"]) and len(two["xla"]) >= 2 and one["iterations"] == 5
+    assert_same_run(two, one)
+
+
+def test_gradient_accumulation_fails_under_mirrored_without_the_patch(no_accumulation_patch):
+    """keras-team/keras#20582: drop the patch when this stops failing."""
+    with pytest.raises(RuntimeError, match="merge_call"):
+        s.xla_and_accumulation_run("mirrored", jit_compile=False, accumulation=2)
+
+
 def test_settings_kmp_cannot_make_equivalent_are_refused_by_name():
     messages = s.refused_settings("mirrored")
-    assert "jit_compile=True" in messages["jit_compile"]
-    assert "MirroredStrategy" in messages["jit_compile"] and "jit_compile='auto'" in messages["jit_compile"]
-    assert "gradient_accumulation_steps=2" in messages["gradient_accumulation_steps"]
-    assert "larger global batch" in messages["gradient_accumulation_steps"]
-    assert s.refused_settings("default") == {"jit_compile": None, "gradient_accumulation_steps": None}
+    custom = messages["jit_compile_custom_train_step"]
+    assert "jit_compile=True" in custom and "Custom.train_step" in custom and "MirroredStrategy" in custom
+    synced = messages["jit_compile_sync_batchnorm"]
+    assert "jit_compile=True" in synced and "sync_batchnorm=False" in synced
+    assert s.refused_settings("default") == {"jit_compile_custom_train_step": None,
+                                             "jit_compile_sync_batchnorm": None}
 
 
 def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_device():
@@ -177,3 +252,14 @@ def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given()
         assert _compat_patches._applied == {}  # one device: Keras as released
     finally:
         compat.patch_keras()
+
+
+def test_device_metrics_logger_per_batch_records_with_steps_per_execution_as_one_device():
+    """Batch hooks come once per execution of 4 steps: records every 4 batches stay at 4, 8."""
+    two = s.device_metrics_per_batch_run("mirrored", steps_per_execution=4)
+    one = s.device_metrics_per_batch_run("default", steps_per_execution=4)
+    every_step = s.device_metrics_per_batch_run("default", steps_per_execution=1)
+    expected = [(str(e), batch, kind) for e in range(2)
+                for batch, kind in (("4", "batch"), ("8", "batch"), ("10", "epoch"))]
+    assert two["rows"] == one["rows"] == every_step["rows"] == expected
+    s.assert_close(two["weights"], one["weights"])

@@ -12,7 +12,7 @@ import pytest
 import keras_mgpu_plugins as kmp
 from tests import fit_settings_scenarios as s
 
-pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(500)]
 
 
 def on_each_worker():
@@ -22,21 +22,24 @@ def on_each_worker():
         "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, batch_hooks=True, **LOUD),
         "habits": s.keras_habits_run("auto"),
         "refused": s.refused_settings("auto"),
+        "xla": s.xla_and_accumulation_run("auto"),
+        "accumulation": s.xla_and_accumulation_run("auto", jit_compile=False, **ACCUMULATION),
         "inputs": s.input_types_run("auto", ("dict_multi_io",)),
     }
 
 
 LOUD = {"scale_y": 30.0, "lr": 1e-4, "loud_half": 30.0}  # worker 1's half overflows float16
+ACCUMULATION = {"accumulation": 3, "steps_per_execution": 4}  # updates straddle executions
 
 
 @pytest.fixture(scope="module")
 def workers():
-    return kmp.launch(on_each_worker, num_workers=2, timeout=360)
+    return kmp.launch(on_each_worker, num_workers=2, timeout=450)
 
 
 def test_workers_agree_bit_for_bit(workers):
     first, second = workers
-    for key in ("steps_per_execution", "sync_batchnorm", "mixed_spe", "habits"):
+    for key in ("steps_per_execution", "sync_batchnorm", "mixed_spe", "habits", "xla", "accumulation"):
         for a, b in zip(first[key]["weights"], second[key]["weights"], strict=True):
             assert np.array_equal(a, b), key
     assert first["steps_per_execution"]["history"] == second["steps_per_execution"]["history"]
@@ -85,9 +88,32 @@ def test_keras_habits_match_one_device(workers):
 
 def test_refused_settings_name_the_multi_worker_strategy(workers):
     for got in workers:
-        assert "jit_compile=True" in got["refused"]["jit_compile"]
-        assert "MultiWorkerMirroredStrategy" in got["refused"]["jit_compile"]
-        assert "gradient_accumulation_steps=2" in got["refused"]["gradient_accumulation_steps"]
+        custom = got["refused"]["jit_compile_custom_train_step"]
+        assert "jit_compile=True" in custom and "MultiWorkerMirroredStrategy" in custom
+        assert "sync_batchnorm=False" in got["refused"]["jit_compile_sync_batchnorm"]
+
+
+def assert_same_run(got, want):
+    s.assert_close(got["weights"], want["weights"])
+    for key, values in want["history"].items():
+        np.testing.assert_allclose(got["history"][key], values, atol=1e-5, err_msg=key)
+    for key, value in want["evaluate"].items():
+        np.testing.assert_allclose(got["evaluate"][key], value, atol=1e-5, err_msg=key)
+    assert got["iterations"] == want["iterations"]
+
+
+def test_jit_compile_compiles_each_worker_step_and_trains_as_one_device(workers):
+    one = s.xla_and_accumulation_run("default")
+    for got in workers:
+        assert got["xla"]["xla"] and all(got["xla"]["xla"])  # each worker's step was XLA's
+        assert_same_run(got["xla"], one)
+
+
+def test_gradient_accumulation_matches_one_device_accumulating_the_global_micro_batches(workers):
+    one = s.xla_and_accumulation_run("default", jit_compile=False, **ACCUMULATION)
+    assert one["iterations"] == 5  # 16 micro-batches, an update every 3
+    for got in workers:
+        assert_same_run(got["accumulation"], one)
 
 
 def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_process(workers):

@@ -265,6 +265,26 @@ def test_names_the_patches_replace_are_there():
     assert all(patch.applies_to(keras.__version__) for patch in compat.PATCHES)
 
 
+def test_names_the_fit_setting_patches_use_are_there():
+    """`_compat_fit` (tested for real by tests/multi_device/test_fit_settings.py) uses these."""
+    from keras.src.backend.common.stateless_scope import StatelessScope
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+
+    optimizer = tf_optimizer.TFOptimizer
+    assert list(inspect.signature(optimizer._distributed_tf_update_step).parameters) == [
+        "self", "distribution", "grads_and_vars", "learning_rate"]
+    assert list(inspect.signature(optimizer._backend_apply_gradients).parameters) == [
+        "self", "grads", "trainable_variables"]
+    for name in ("_clip_gradients", "_get_variable_index", "_use_weight_decay",
+                 "_update_model_variables_moving_average",
+                 "_overwrite_model_variables_with_average_value"):
+        assert callable(getattr(optimizer, name)), name
+    opt = keras.optimizers.SGD(gradient_accumulation_steps=2)
+    opt.build([keras.Variable(1.0)])
+    assert len(opt._accumulated_gradients) == 1 and int(opt._iterations) == 0
+    assert isinstance(StatelessScope().state_mapping, dict)
+
+
 def test_the_code_each_patch_fixes_is_in_the_installed_keras():
     """Each patch's `present` check sees the upstream code it replaces (before patching)."""
     compat.unpatch_keras()

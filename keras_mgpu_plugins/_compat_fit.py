@@ -1,0 +1,221 @@
+"""Keras patches for two compile settings under tf.distribute: gradient accumulation, XLA.
+
+`patch_gradient_accumulation` (keras-team/keras#20582) moves the accumulation's
+`cond` out of the replica context; `patch_jit_compile` (keras-team/keras#19005)
+compiles each replica's step with XLA and leaves the all-reduce and the
+optimizer outside it. Both apply only under a strategy that spans
+replicas or workers (`distributing`); one device keeps Keras's code.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins._compat_trainer import distributing
+
+# --- gradient_accumulation_steps: the update's merge_call runs inside a replica-context cond ---
+
+
+def patch_gradient_accumulation() -> Any:
+    """`gradient_accumulation_steps` fails under MirroredStrategy and MultiWorkerMirroredStrategy.
+
+    Upstream's `_backend_apply_gradients` picks "apply" or "accumulate" with a
+    `cond` in the replica context; both branches call `merge_call` (the
+    all-reduce and the variable updates), which TensorFlow refuses inside a
+    `cond`: "`merge_call` called while defining a new graph or a tf.function".
+
+    Under a distributing strategy each replica adds its gradients to its own
+    accumulator copy (no collective) and computes its share of the update,
+    `(accumulated + gradients) / steps`, clipped as upstream clips it. One
+    `merge_call` then enters the cross-replica context, where a `cond` on the
+    optimizer's iteration count (the same on every replica and worker, so every
+    worker takes the same branch) either all-reduces those shares once and
+    applies them (weight decay, `update_step`, accumulators reset), or stores
+    the running sums. Each replica's loss is already scaled by
+    1/replicas, so the all-reduced sum is the update one device computes by
+    accumulating the same global micro-batches.
+    """
+    import tensorflow as tf
+    from keras.src import backend
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+
+    original = tf_optimizer.TFOptimizer._backend_apply_gradients
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        context = tf.distribute.get_replica_context()
+        strategy = self._distribution_strategy
+        if not self.gradient_accumulation_steps or context is None or not distributing(strategy):
+            return original(self, grads, trainable_variables)
+        steps = self.gradient_accumulation_steps
+        accumulators = [self._accumulated_gradients[self._get_variable_index(v)].value
+                        for v in trainable_variables]
+        sums = [tf.convert_to_tensor(g) + a for g, a in zip(grads, accumulators, strict=True)]
+        shares = self._clip_gradients([s / steps for s in sums])
+        context.merge_call(_apply_or_accumulate,
+                           args=(self, list(trainable_variables), accumulators, sums, shares))
+        if self.use_ema:  # as upstream does after its cond
+            self._update_model_variables_moving_average(self._trainable_variables)
+            if self.ema_overwrite_frequency:
+                tf.cond(
+                    (self.iterations + 1) % self.ema_overwrite_frequency == 0,
+                    lambda: self._overwrite_model_variables_with_average_value(
+                        self._trainable_variables),
+                    lambda: None)
+
+    def _apply_or_accumulate(distribution, optimizer, keras_variables, accumulators, sums, shares):
+        variables = [v.value if isinstance(v, backend.Variable) else v for v in keras_variables]
+
+        def apply():
+            reduced = distribution.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, list(zip(shares, variables, strict=True)))
+            if optimizer.weight_decay is not None:
+                for keras_variable, variable in zip(keras_variables, variables, strict=True):
+                    if optimizer._use_weight_decay(keras_variable):
+                        distribution.extended.update(variable, _decay, args=(optimizer,),
+                                                     group=False)
+            optimizer._distributed_tf_update_step(
+                distribution, list(zip(reduced, variables, strict=True)), optimizer.learning_rate)
+            for accumulator in accumulators:
+                distribution.extended.update(accumulator, lambda a: a.assign(tf.zeros_like(a)),
+                                             group=False)
+
+        def accumulate():
+            for accumulator, total in zip(accumulators, sums, strict=True):
+                distribution.extended.update(accumulator, lambda a, t: a.assign(t), args=(total,),
+                                             group=False)
+
+        steps = optimizer.gradient_accumulation_steps
+        # `_iterations` counts micro-batches (`iterations` counts updates): upstream's test.
+        tf.cond(tf.equal((optimizer._iterations + 1) % steps, 0), apply, accumulate)
+
+    def _decay(variable, optimizer):
+        lr = tf.cast(optimizer.learning_rate, variable.dtype)
+        variable.assign_sub(variable * tf.cast(optimizer.weight_decay, variable.dtype) * lr)
+
+    tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
+    return lambda: setattr(tf_optimizer.TFOptimizer, "_backend_apply_gradients", original)
+
+
+def accumulation_merges_inside_cond() -> bool | None:
+    from keras.src.optimizers import base_optimizer
+
+    return source_has(base_optimizer.BaseOptimizer._backend_apply_gradients,
+                      "ops.cond(", "_backend_increment_gradient_accumulators")
+
+
+# --- jit_compile=True: XLA compiles the whole multi-replica step ------------------------
+
+_recording = threading.local()  # the apply_gradients calls an XLA-compiled step deferred
+
+
+def patch_jit_compile() -> Any:
+    """`compile(jit_compile=True)` fails under MirroredStrategy and MultiWorkerMirroredStrategy.
+
+    Upstream wraps the function that calls `strategy.run` in
+    `tf.function(jit_compile=True)`, so XLA gets every replica's step in one
+    cluster on one device ("Trying to access resource ... located in device
+    CPU:1 from device CPU:0"; on several workers an UnimplementedError). Its
+    `predict` already compiles each replica's step instead.
+
+    Under a distributing strategy the function around `strategy.run` is left to
+    TensorFlow, and each replica runs its `train_step`/`test_step` in its own
+    XLA function, with no collective inside: Keras variable writes (metrics,
+    batch-norm statistics, seeds) are collected in a `StatelessScope` and the
+    `optimizer.apply_gradients` call is recorded, not run. Outside XLA, still
+    per replica, the writes are assigned and the gradients applied: the
+    all-reduce and the update run as without XLA. Only Keras's own `train_step`
+    is compiled this way (it uses nothing after `apply_gradients` but the
+    metrics of the forward pass); an overriding one is refused with
+    `jit_compile=True` (`refuse_unsupported_settings`).
+    """
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src.optimizers import base_optimizer
+
+    original = tf_trainer.TensorFlowTrainer._make_function
+    original_apply_gradients = base_optimizer.BaseOptimizer.apply_gradients
+
+    def apply_gradients(self, grads_and_vars):
+        pending = getattr(_recording, "pending", None)
+        if pending is None:
+            return original_apply_gradients(self, grads_and_vars)
+        pending.append((self, list(grads_and_vars)))
+        return self._iterations
+
+    def _make_function(self, step_function):
+        if (self.run_eagerly or self.jit_compile is not True
+                or not distributing(self.distribute_strategy)):
+            return original(self, step_function)
+        from keras_mgpu_plugins._compat_trainer import refuse_unsupported_settings
+
+        refuse_unsupported_settings(self)
+        self._jit_compile = False  # upstream's function around strategy.run: no XLA
+        try:
+            return original(self, _xla_per_replica(self, step_function))
+        finally:
+            self._jit_compile = True
+
+    base_optimizer.BaseOptimizer.apply_gradients = apply_gradients
+    tf_trainer.TensorFlowTrainer._make_function = _make_function
+
+    def undo():
+        base_optimizer.BaseOptimizer.apply_gradients = original_apply_gradients
+        tf_trainer.TensorFlowTrainer._make_function = original
+
+    return undo
+
+
+def _xla_per_replica(model: Any, step_function: Any) -> Any:
+    """`step_function` with its stateless part compiled by XLA, its state written after."""
+    import tensorflow as tf
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    traced: dict[str, Any] = {}  # the Python side of the last trace (the same for every one)
+
+    @tf.function(jit_compile=True, reduce_retracing=True)
+    def compiled(data):
+        _recording.pending = pending = []
+        try:
+            with StatelessScope() as scope:
+                outputs = step_function(data)
+        except RuntimeError as err:
+            if "merge_call" not in str(err):
+                raise
+            raise ValueError(
+                "compile(jit_compile=True) under tf.distribute: the step synchronizes replicas "
+                "(a collective in the forward pass), and keras_mgpu_plugins compiles each "
+                "replica's step with XLA, where no collective can run. Received: "
+                "jit_compile=True. Use jit_compile=False (or 'auto').") from err
+        finally:
+            _recording.pending = None
+        candidates = {id(v): v for v in (list(model.variables) + list(model.metrics_variables)
+                                         + [v for opt, _ in pending for v in opt.variables])}
+        written = [v for key, v in candidates.items() if key in scope.state_mapping]
+        if len(written) != len(scope.state_mapping):
+            raise RuntimeError(
+                "jit_compile=True under tf.distribute: the step wrote a variable that is not "
+                "the model's, its metrics' or its optimizer's; keras_mgpu_plugins cannot carry "
+                "that write out of the XLA function. Use jit_compile=False.")
+        traced["written"] = written
+        traced["applies"] = [(opt, [v for _, v in pairs]) for opt, pairs in pending]
+        grads = [[g for g, _ in pairs] for _, pairs in pending]
+        return outputs, grads, [scope.get_current_value(v) for v in written]
+
+    def per_replica(data):
+        outputs, grads, values = compiled(data)
+        for variable, value in zip(traced["written"], values, strict=True):
+            variable.assign(value)
+        for (optimizer, variables), gradients in zip(traced["applies"], grads, strict=True):
+            optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return outputs
+
+    return per_replica
+
+
+def jit_compiles_the_distributed_step() -> bool | None:
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    # The module's source: `_make_function` itself may be another patch's by now.
+    return source_has(tf_trainer, "self.distribute_strategy.run(step_function",
+                      "jit_compile=self.jit_compile")
