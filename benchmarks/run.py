@@ -47,12 +47,12 @@ SETTINGS = {
              "callbacks": {"repeats": 7, "epochs": 3, "steps": 200},
              "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
-             "workers": {"repeats": 5, "steps": 40}},
+             "workers": {"repeats": 3, "steps": 160}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
-              "workers": {"repeats": 3, "steps": 20}},
+              "workers": {"repeats": 2, "steps": 160}},
 }
 
 
