@@ -18,7 +18,7 @@ Rows (each ratio measured within this one run, from medians of repeats):
 
 A benchmark whose script is missing, or that fails, gives a row saying
 "not available" and why; the others still run. Without 2 GPUs the CPU is split
-into 2 logical devices. `--quick` takes ~2-5 minutes on 2 CPU cores.
+into 2 logical devices. `--quick` takes ~5-8 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~2-5 min on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~5-8 min on 2 CPU cores)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON there")
     parser.add_argument("--only", nargs="+", choices=[key for _, key, _ in BENCHMARKS],
                         help="run only these benchmarks")
