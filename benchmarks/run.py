@@ -18,7 +18,7 @@ Rows (each ratio measured within this one run, from medians of repeats):
 
 A benchmark whose script is missing, or that fails, gives a row saying
 "not available" and why; the others still run. Without 2 GPUs the CPU is split
-into 2 logical devices. `--quick` takes ~2-5 minutes on 2 CPU cores.
+into 2 logical devices. `--quick` takes ~5-8 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ SETTINGS = {
              "callbacks": {"repeats": 7, "epochs": 3, "steps": 200},
              "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
-             "workers": {"repeats": 5, "steps": 40}},
+             "workers": {"repeats": 3, "steps": 160}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
-              "workers": {"repeats": 3, "steps": 20}},
+              "workers": {"repeats": 2, "steps": 160}},
 }
 
 
@@ -305,7 +305,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~2-5 min on 2 CPU cores)")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~5-8 min on 2 CPU cores)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON there")
     parser.add_argument("--only", nargs="+", choices=[key for _, key, _ in BENCHMARKS],
                         help="run only these benchmarks")

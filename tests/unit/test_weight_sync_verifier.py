@@ -1,4 +1,4 @@
-"""WeightSyncVerifier's decisions and the fingerprint, with numbers (no training)."""
+"""WeightSyncVerifier's decisions, with numbers (no training); the fingerprint: test_fingerprint.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins import fingerprint as fp
 from keras_mgpu_plugins.callbacks import _weight_sync, weight_sync_verifier
 from keras_mgpu_plugins.callbacks._weight_sync import StatisticsSync, means_of_sums, save_where
 from keras_mgpu_plugins.callbacks.weight_sync_verifier import (
@@ -21,114 +19,6 @@ from keras_mgpu_plugins.callbacks.weight_sync_verifier import (
     classify,
     differing_copies,
 )
-
-
-def reference_fingerprint(array: np.ndarray) -> int:
-    """The documented formula, in numpy."""
-    flat = np.ascontiguousarray(array).reshape(-1)
-    if flat.dtype == np.bool_:
-        words = flat.astype(np.uint32)
-    elif flat.dtype.itemsize < 4:
-        words = flat.view(f"u{flat.dtype.itemsize}").astype(np.uint32)
-    else:
-        words = flat.view(np.uint32)
-    i = np.arange(words.size, dtype=np.uint32)
-    x = words ^ (i * np.uint32(0x9E3779B9) + np.uint32(0x7F4A7C15))
-    x ^= x >> 16
-    x *= np.uint32(0x85EBCA6B)
-    x ^= x >> 13
-    x *= np.uint32(0xC2B2AE35)
-    x ^= x >> 16
-    return int(x.sum(dtype=np.uint64) & 0xFFFFFFFF)
-
-
-# --- the fingerprint ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "dtype", ["float32", "float16", "float64", "int8", "uint8", "int32", "uint32", "int64", "bool"]
-)
-def test_fingerprint_is_the_documented_formula_for_every_dtype(dtype):
-    values = (np.random.default_rng(3).normal(size=(5, 7)) * 50).astype(dtype)
-    expected = reference_fingerprint(values)
-    assert fp.fingerprint(values) == expected
-    assert fp.fingerprint(values, jit_compile=False) == expected
-    assert fp.fingerprint(tf.Variable(values)) == expected
-
-
-def test_bfloat16_reads_its_16_bits():
-    values = tf.constant([1.0, -2.5, 3.0e-3], tf.bfloat16)
-    bits = tf.bitcast(values, tf.uint16).numpy()
-    assert fp.fingerprint(values) == reference_fingerprint(bits)
-
-
-def test_every_single_bit_flip_changes_the_fingerprint():
-    values = np.random.default_rng(0).normal(size=(3, 4)).astype("float32")
-    base = fp.fingerprint(values)
-    seen = {base}
-    for index in range(values.size):
-        for bit in range(32):
-            flipped = values.copy()
-            flipped.reshape(-1).view(np.uint32)[index] ^= np.uint32(1 << bit)
-            seen.add(fp.fingerprint(flipped, jit_compile=False))
-    assert len(seen) == 1 + values.size * 32  # every flip caught, and no two alike
-
-
-def test_last_mantissa_bit_of_float64_and_swapped_values_are_caught():
-    values = np.linspace(-1, 1, 10)
-    flipped = values.copy()
-    flipped.view(np.uint64)[7] ^= np.uint64(1)
-    assert abs(flipped[7] - values[7]) < 1e-15
-    assert fp.fingerprint(flipped) != fp.fingerprint(values)
-    swapped = values.copy()
-    swapped[[2, 5]] = swapped[[5, 2]]
-    assert fp.fingerprint(swapped) != fp.fingerprint(values)  # positions count
-
-
-def test_large_tensors_are_hashed_in_chunks_with_their_positions(monkeypatch):
-    monkeypatch.setattr(fp, "CHUNK_ELEMENTS", 1000)
-    values = np.random.default_rng(1).normal(size=(2500,))
-    assert fp.fingerprint(values) == reference_fingerprint(values)  # float64: 2 words each
-    assert fp.fingerprint(values.astype("float32")) == reference_fingerprint(values.astype("float32"))
-
-
-def test_fingerprinter_hashes_each_copy_on_its_device():
-    values = np.random.default_rng(2).normal(size=(4, 3)).astype("float32")
-    groups = []
-    for device in ("/cpu:0", "/cpu:1"):
-        with tf.device(device):
-            groups.append([tf.Variable(values), tf.Variable(np.arange(5, dtype=np.int64))])
-    assert groups[1][0].device.endswith("CPU:1")
-    result = fp.make_fingerprinter(groups)()
-    assert result.dtype == np.int64 and result.shape == (2, 2)
-    expected = [reference_fingerprint(values), reference_fingerprint(np.arange(5, dtype=np.int64))]
-    assert result.tolist() == [expected, expected]
-    groups[1][0].assign(values + 1e-3)
-    assert result.tolist() != fp.make_fingerprinter(groups)().tolist()
-
-
-def test_each_hash_kernel_runs_on_the_device_of_its_variable():
-    """Only one integer per variable leaves its device: the hashing itself is placed there."""
-    groups = []
-    for device in ("/cpu:0", "/cpu:1"):
-        with tf.device(device):
-            groups.append([tf.Variable(np.ones((4, 3), "float32")), tf.Variable(np.arange(5))])
-    fingerprints = fp.make_fingerprinter(groups)
-    fingerprints()
-    graph = fingerprints.traced().get_concrete_function().graph
-    kernels = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
-    devices = [tf.DeviceSpec.from_string(op.device).device_index for op in kernels]
-    assert devices == [0, 0, 1, 1]  # group order: replica 0's two variables, then replica 1's
-    assert all(op.device.endswith(f"CPU:{i}") for op, i in zip(kernels, devices, strict=True))
-
-
-def test_fingerprint_refuses_types_without_bits():
-    assert not fp.supports(tf.complex64) and not fp.supports(tf.string)
-    with pytest.raises(TypeError, match="complex64"):
-        fp.fingerprint(np.zeros(2, np.complex64))
-    with pytest.raises(ValueError, match="same number of variables"):
-        fp.make_fingerprinter([[tf.Variable(1.0)], []])
-
 
 # --- decisions ------------------------------------------------------------------------
 
