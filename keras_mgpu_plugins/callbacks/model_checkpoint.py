@@ -38,7 +38,6 @@ from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_wr
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
     check_template,
-    copy_weights,
     encode_monitored,
     monitored_value,
 )
@@ -75,10 +74,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         initial_value_threshold: As in Keras.
         model: Optional template `keras.Model` to save instead of the model
             being trained. Its weights must match the trained model's in
-            number and shapes; they receive the trained values (by value,
-            `template.set_weights(trained.get_weights())`) before each save,
-            on every worker. Nothing is copied when the template's variables
-            are the trained model's own.
+            number and shapes; they receive the trained values (by value: a
+            snapshot read and an `assign` of each variable) before each save,
+            on every worker, on the training thread. Nothing is copied when the
+            template's variables are the trained model's own.
         async_save: If `True`, the training thread only takes the snapshot
             (reads of the variables, no copy on CPU: see `_checkpoint_io`) and
             a background thread serialises and writes it, at most one write
@@ -220,7 +219,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        error = _checkpoint_writer.encode_error(self._saves.error if chief else None)
+        error = collective.encode_error(self._saves.error if chief else None)
         flags = [chief and _atomic.isdir(filepath)]
         local = np.concatenate([encode_monitored(logs.get(self.monitor)), flags, error])
         chief_value = collective.broadcast(local, self._strategy())
@@ -253,9 +252,22 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return getattr(self.model, "distribute_strategy", None)
 
     def _model_to_save(self) -> keras.Model:
+        """The trained model, or the template given its values (on every worker).
+
+        The template is assigned here, on the training thread, and not in the
+        writer: it is a live model that code on the training thread also reads
+        and writes (`multi_gpu_model`'s link copies into it at every epoch end;
+        the user's callbacks may read it). An assignment from the writer thread
+        could land after a newer one and leave the template older than the
+        trained model, and its serialisation could mix both. Every worker's
+        template must also hold the values, and only the chief has a writer.
+        What stays here is small: one snapshot read and one device-side
+        `assign` per variable (`_checkpoint_io.copy_weights`); the template's
+        snapshot and its serialisation follow the one scheme of every save.
+        """
         if self.template is None:
             return self.model
-        copy_weights(self.model, self.template)
+        _checkpoint_io.copy_weights(self.model, self.template)
         return self.template
 
     def _write(self, write: Any, filepath: str) -> None:

@@ -24,9 +24,9 @@ import pytest
 
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.callbacks import _atomic, events
+from keras_mgpu_plugins.callbacks._checkpoint_io import copy_weights
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
-    copy_weights,
     encode_monitored,
     monitored_value,
 )
