@@ -25,12 +25,11 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, compat
-from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.integrations._wandb_artifacts import ArtifactQueue
 from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
     batch_sizes,
-    batches_between_logs,
     format_group_id,
     worker_run_name,
 )
@@ -105,7 +104,7 @@ class WandbLogger(keras.callbacks.Callback):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f'mode must be "chief" or "group". Received: mode={mode!r}')
-        self.log_every = batches_between_logs(log_freq)
+        self.log_every = _freq.batches_between("log_freq", log_freq, batch=True)
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"config must be a dict. Received: config={config!r}")
         require_wandb()

@@ -156,21 +156,6 @@ def test_use_initial_epoch():
         compat.set_initial_epoch(object(), 1)
 
 
-def test_use_monitor_op():
-    model, x, y = tiny_model()
-    model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0)  # metrics built
-    for monitor, mode, minimizing in [("val_loss", "auto", True), ("val_mae", "auto", True),
-                                      ("val_mae", "max", False), ("val_thing", "min", True)]:
-        stopper = keras.callbacks.EarlyStopping(monitor=monitor, mode=mode)
-        stopper.set_model(model)
-        compat.resolve_monitor_op(stopper)
-        assert bool(stopper.monitor_op(0.0, 1.0)) is minimizing, (monitor, mode)
-    stopper = keras.callbacks.EarlyStopping(monitor="val_thing")
-    stopper.set_model(model)
-    with pytest.raises(ValueError, match="val_thing"):
-        compat.resolve_monitor_op(stopper)
-
-
 def test_use_print_msg(capsys, monkeypatch):
     compat.keras_print_msg("saved it")
     assert capsys.readouterr().out == "saved it\n"
