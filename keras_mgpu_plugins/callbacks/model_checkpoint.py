@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,7 +146,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
         self._writer = self._saves.writer
-        self._flush = _weak_flush(self)  # the channel must not keep this callback alive
+        self._flush = events.weak_listener(self, "_flush_now")  # finish the last write
 
     # --- hooks ------------------------------------------------------------------
 
@@ -254,16 +253,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _model_to_save(self) -> keras.Model:
         """The trained model, or the template given its values (on every worker).
 
-        The template is assigned here, on the training thread, and not in the
-        writer: it is a live model that code on the training thread also reads
-        and writes (`multi_gpu_model`'s link copies into it at every epoch end;
-        the user's callbacks may read it). An assignment from the writer thread
-        could land after a newer one and leave the template older than the
-        trained model, and its serialisation could mix both. Every worker's
-        template must also hold the values, and only the chief has a writer.
-        What stays here is small: one snapshot read and one device-side
-        `assign` per variable (`_checkpoint_io.copy_weights`); the template's
-        snapshot and its serialisation follow the one scheme of every save.
+        Assigned here, on the training thread, not in the writer: code on this
+        thread also writes the template (`multi_gpu_model`'s link, at every
+        epoch end) and reads it; a writer-thread assignment could land after a
+        newer one and its file mix both. Every worker's template gets the
+        values, and only the chief has a writer. What stays here is one read
+        and one device-side `assign` per variable (`_checkpoint_io.copy_weights`).
         """
         if self.template is None:
             return self.model
@@ -285,6 +280,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         """Publishes finished background writes; keeps the first writer error."""
         self._saves.drain(wait=wait)
 
+    def _flush_now(self, payload: dict[str, Any]) -> None:
+        """The `"flush"` listener: finish the last write and publish it."""
+        self._drain(wait=True)
+
     @contextlib.contextmanager
     def _quiet_unless(self, chief: bool) -> Iterator[None]:
         verbose = self.verbose
@@ -295,44 +294,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.verbose = verbose
 
 
-def _weak_flush(callback: ModelCheckpoint) -> Any:
-    """A `"flush"` listener: finish the last write and publish it (held weakly)."""
-    ref = weakref.ref(callback)
+def __getattr__(name: str) -> Any:
+    """`ParallelModelCheckpoint` has its module; this import path keeps working."""
+    if name == "ParallelModelCheckpoint":
+        from keras_mgpu_plugins.callbacks.parallel_model_checkpoint import (
+            ParallelModelCheckpoint,
+        )
 
-    def flush(payload: dict[str, Any]) -> None:
-        target = ref()
-        if target is not None:
-            target._drain(wait=True)
-
-    return flush
-
-
-class ParallelModelCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` taking the template model first, as the multi-GPU recipe does.
-
-    `ParallelModelCheckpoint(template, filepath, **kwargs)` is
-    `ModelCheckpoint(filepath, model=template, **kwargs)`: the template gets
-    the trained weights and is what is saved.
-
-    Args:
-        model: The template `keras.Model` (e.g. the one given to
-            `multi_gpu_model`).
-        filepath: See `ModelCheckpoint`.
-        **kwargs: Any other `ModelCheckpoint` argument.
-
-    Example:
-        >>> parallel = kmp.multi_gpu_model(template, gpus=2)
-        >>> parallel.compile(optimizer="sgd", loss="mse")
-        >>> parallel.fit(x, y, callbacks=[
-        ...     kmp.callbacks.ParallelModelCheckpoint(template, "best.keras",
-        ...                                           save_best_only=True)])
-    """
-
-    def __init__(
-        self, model: keras.Model, filepath: str | os.PathLike, *args: Any, **kwargs: Any
-    ) -> None:
-        if model is None:
-            raise TypeError(
-                "ParallelModelCheckpoint needs the template model first. Received: model=None"
-            )
-        super().__init__(filepath, *args, model=model, **kwargs)
+        return ParallelModelCheckpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -201,18 +201,22 @@ def model_like_child():
     return model
 
 
-def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
+def start_saving(folder, name, weights_only, async_save):
+    """A child process saving `folder/name` at every batch, until it is killed."""
     script = folder / "child.py"
     script.write_text(CHILD)
-    path = folder / name
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
-    child = subprocess.Popen(
-        [sys.executable, str(script), str(path), str(int(weights_only)), str(int(async_save))],
+    return subprocess.Popen(
+        [sys.executable, str(script), str(folder / name), str(int(weights_only)), str(int(async_save))],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+
+
+def kill_during_saves(child, folder, name, in_write, rng):
+    path = folder / name
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while not path.exists():  # the first checkpoint is complete
             assert child.poll() is None, child.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the child never saved"
@@ -233,11 +237,20 @@ def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
 @pytest.mark.timeout(600)
 def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
     rng = random.Random(17)  # seeded: the same kill moments every run (bounded by deadlines)
-    leftovers = 0
-    for i, (name, weights_only, async_save) in enumerate(KILL_CASES):
-        folder = tmp_path / f"case{i}"
-        folder.mkdir()
-        path, temps = kill_during_saves(folder, name, weights_only, async_save, i % 2 == 0, rng)
+    leftovers, folders, children, outcomes = 0, [], [], []
+    try:
+        for i, (name, weights_only, async_save) in enumerate(KILL_CASES):  # all start at once
+            folders.append(tmp_path / f"case{i}")
+            folders[-1].mkdir()
+            children.append(start_saving(folders[-1], name, weights_only, async_save))
+        for i, (name, _, _) in enumerate(KILL_CASES):
+            outcomes.append(kill_during_saves(children[i], folders[i], name, i % 2 == 0, rng))
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    for (name, weights_only, _), folder, (path, temps) in zip(KILL_CASES, folders, outcomes,
+                                                             strict=True):
         leftovers += bool(temps)
         assert path.exists()  # the checkpoint that was complete before the kill, or a newer one
         if weights_only:
