@@ -93,8 +93,11 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
-    model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[set_custom, checkpoint, record])
+    try:
+        model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[set_custom, checkpoint, record])
+    finally:
+        _atomic.atomic_write = real_write  # the next fit of this job records its own writes
     return {
         "index": index,
         "pid": os.getpid(),
@@ -120,28 +123,45 @@ def _dead_pid():
 STALE = f".c01.kmp-tmp-{_atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
 
 
-def launch_in(tmp_path, stale=(), **kwargs):
-    folder, private_tmp = tmp_path / "ckpt", tmp_path / "tmpdir"
-    folder.mkdir()
+def train_each(jobs):
+    """One launched job for several fits (each launch costs two TensorFlow start-ups)."""
+    return [train(**job) for job in jobs]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per run: (its folder, the job's private TMPDIR, what each worker reported)."""
+    root = tmp_path_factory.mktemp("runs")
+    private_tmp = root / "tmpdir"
     private_tmp.mkdir()
-    for name in stale:
-        (folder / name).write_bytes(b"partial")
-    results = kmp.launch(train, num_workers=2, args=(str(folder),), kwargs=kwargs, timeout=200,
+    setups = {
+        "sync": ([STALE], dict(filepath="c{epoch:02d}.keras", chief_values=FALLING,
+                               other_values=RISING)),
+        "async_template": ((), dict(filepath="t{epoch:02d}.weights.h5", chief_values=RISING,
+                                    other_values=FALLING, template=True, save_weights_only=True,
+                                    async_save=True)),
+    }
+    jobs = []
+    for name, (stale, kwargs) in setups.items():
+        folder = root / name / "ckpt"
+        folder.mkdir(parents=True)
+        for stale_name in stale:
+            (folder / stale_name).write_bytes(b"partial")
+        jobs.append(dict(folder=str(folder), **kwargs))
+    results = kmp.launch(train_each, num_workers=2, args=(jobs,), timeout=200,
                          env={"TMPDIR": str(private_tmp)})
-    return folder, private_tmp, results
+    return {name: (root / name / "ckpt", private_tmp, [worker[i] for worker in results])
+            for i, name in enumerate(setups)}
 
 
 @pytest.fixture(scope="module")
-def sync_run(tmp_path_factory):
-    return launch_in(tmp_path_factory.mktemp("sync"), stale=[STALE], filepath="c{epoch:02d}.keras",
-                     chief_values=FALLING, other_values=RISING)
+def sync_run(runs):
+    return runs["sync"]
 
 
 @pytest.fixture(scope="module")
-def async_template_run(tmp_path_factory):
-    return launch_in(tmp_path_factory.mktemp("async"), filepath="t{epoch:02d}.weights.h5",
-                     chief_values=RISING, other_values=FALLING, template=True,
-                     save_weights_only=True, async_save=True)
+def async_template_run(runs):
+    return runs["async_template"]
 
 
 def assert_same_arrays(a, b):
