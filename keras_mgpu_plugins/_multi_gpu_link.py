@@ -4,11 +4,12 @@ The template receives the parallel model's weights (by value) at each epoch
 end and when `fit`/`evaluate` return (`push`), by the one copy that
 `ModelCheckpoint(model=template)` also uses (`_checkpoint_io.copy_weights`);
 saving the template is `ModelCheckpoint`'s (snapshot, then the chief writes).
-Weights given to the template since the last copy are taken in before `fit`, `evaluate` and `predict` run
-(`pull`): `fit` and `evaluate` compare CRC-32 fingerprints of both models'
-weights (a full read, once per call); `predict` (called in loops by legacy
-code) only takes them in after the template's `set_weights` or `load_weights`
-ran, which the link watches: a `predict` with nothing changed reads no weight.
+Weights given to the template since the last copy are taken in before `fit`,
+`evaluate` and `predict` run (`pull`): `fit` and `evaluate` compare CRC-32
+fingerprints of both models' weights (a full read, once per call); `predict`
+(called in loops by legacy code) only takes them in after the template's
+`set_weights` or `load_weights` ran, which the link watches: a `predict` with
+nothing changed reads no weight.
 """
 
 from __future__ import annotations
