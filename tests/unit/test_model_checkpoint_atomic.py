@@ -8,6 +8,7 @@ is left under the final name.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import random
 import signal
@@ -213,7 +214,9 @@ def start_saving(folder, name, weights_only, async_save):
     )
 
 
-def kill_during_saves(child, folder, name, in_write, rng):
+def kill_during_saves(child, folder, name, in_write, delay):
+    """Kills `child` `delay` s after its first complete checkpoint (then, if `in_write`, at
+    once when a save is under way); the checkpoint path and the temporaries left."""
     path = folder / name
     try:
         deadline = time.monotonic() + 240
@@ -221,7 +224,7 @@ def kill_during_saves(child, folder, name, in_write, rng):
             assert child.poll() is None, child.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the child never saved"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(delay)
         if in_write:  # wait until a save is under way, then kill at once
             while not any(_atomic.is_temp_name(n) for n in os.listdir(folder)):
                 time.sleep(0.0005)
@@ -243,8 +246,11 @@ def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
             folders.append(tmp_path / f"case{i}")
             folders[-1].mkdir()
             children.append(start_saving(folders[-1], name, weights_only, async_save))
-        for i, (name, _, _) in enumerate(KILL_CASES):
-            outcomes.append(kill_during_saves(children[i], folders[i], name, i % 2 == 0, rng))
+        delays = [rng.uniform(0.0, 0.5) for _ in KILL_CASES]
+        with concurrent.futures.ThreadPoolExecutor(len(KILL_CASES)) as pool:  # each at its moment
+            outcomes = list(pool.map(kill_during_saves, children, folders,
+                                     [name for name, _, _ in KILL_CASES],
+                                     [i % 2 == 0 for i in range(len(KILL_CASES))], delays))
     finally:
         for child in children:
             child.kill()
