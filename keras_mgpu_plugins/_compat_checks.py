@@ -25,7 +25,6 @@ KERAS_PRIVATE_HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
         "_get_file_path": ("self", "epoch", "batch", "logs"),  # called
         "_should_save_model": ("self", "epoch", "batch", "logs", "filepath"),  # called
     },
-    "keras.callbacks.EarlyStopping": {"_set_monitor_op": ("self",)},  # called
 }
 #: Public Keras hooks that must call a private one for an override of it to run.
 KERAS_HOOK_CALLS: dict[str, tuple[tuple[str, str], ...]] = {

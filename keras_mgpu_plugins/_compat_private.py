@@ -24,7 +24,7 @@ from keras_mgpu_plugins._keras_private import (
 logger = logging.getLogger("keras_mgpu_plugins")
 
 
-# --- private API: callbacks (initial epoch, monitor direction, messages, dispatch) ---
+# --- private API: callbacks (initial epoch, messages, dispatch) ---
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
@@ -40,19 +40,6 @@ def set_initial_epoch(model: Any, epoch: int) -> None:
         raise RuntimeError(f"{type(model).__name__} has no _initial_epoch: the restored "
                            f"epoch cannot be passed to fit with Keras {keras_version()}.")
     model._initial_epoch = epoch
-
-
-def resolve_monitor_op(callback: Any) -> None:
-    """Sets `callback.monitor_op` to Keras's `ops.less`/`ops.greater` for its `mode`.
-
-    Keras's own inference (`_set_monitor_op`) of `mode="auto"` from the
-    monitored name and the model's metrics; it raises `ValueError` as Keras does.
-
-    Raises:
-        RuntimeError: If this Keras has no such method (see `require`).
-    """
-    require("monitor_op")
-    callback._set_monitor_op()
 
 
 def keras_print_msg(message: str) -> None:

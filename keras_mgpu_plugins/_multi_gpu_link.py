@@ -1,12 +1,15 @@
 """The link between `multi_gpu_model`'s template and its parallel model.
 
 The template receives the parallel model's weights (by value) at each epoch
-end and when `fit`/`evaluate` return (`push`). Weights given to the template
-since the last copy are taken in before `fit`, `evaluate` and `predict` run
-(`pull`): `fit` and `evaluate` compare CRC-32 fingerprints of both models'
-weights (a full read, once per call); `predict` (called in loops by legacy
-code) only takes them in after the template's `set_weights` or `load_weights`
-ran, which the link watches: a `predict` with nothing changed reads no weight.
+end and when `fit`/`evaluate` return (`push`), by the one copy that
+`ModelCheckpoint(model=template)` also uses (`_checkpoint_io.copy_weights`);
+saving the template is `ModelCheckpoint`'s (snapshot, then the chief writes).
+Weights given to the template since the last copy are taken in before `fit`,
+`evaluate` and `predict` run (`pull`): `fit` and `evaluate` compare CRC-32
+fingerprints of both models' weights (a full read, once per call); `predict`
+(called in loops by legacy code) only takes them in after the template's
+`set_weights` or `load_weights` ran, which the link watches: a `predict` with
+nothing changed reads no weight.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 import keras
 import numpy as np
+
+from keras_mgpu_plugins.callbacks._checkpoint_io import copy_weights
 
 Fingerprint = tuple[tuple[tuple[int, ...], str, int], ...]
 
@@ -59,10 +64,14 @@ class TemplateLink:
         self.template_changed = False  # set by the template's set_weights / load_weights
 
     def push(self) -> None:
-        """Copies the parallel model's weights into the template (by value)."""
-        weights = self.parallel.get_weights()
-        type(self.template).set_weights(self.template, weights)  # not a change to take in
-        self.synced = weights_fingerprint(weights)
+        """Copies the parallel model's weights into the template (by value).
+
+        The one copy of trained values into a template, shared with
+        `ModelCheckpoint(model=template)`: a snapshot read and an `assign` per
+        variable (`_checkpoint_io.copy_weights`; not the template's watched
+        `set_weights`: not a change to take in).
+        """
+        self.synced = weights_fingerprint(copy_weights(self.parallel, self.template))
 
     def pull(self, check: bool = True) -> None:
         """Takes in weights given to the template since the last copy.

@@ -8,7 +8,8 @@ Callbacks never talk to `tf.distribute` or read `TF_CONFIG` themselves; they ask
 - `agree(flag)`: one boolean every worker holds after the call;
 - `broadcast(value)`: the chief's value, on every worker;
 - `together(action, what)`: runs this worker's part of a step; if it raised on
-  any worker, every worker raises (no worker is left waiting alone);
+  any worker, every worker raises, naming that worker's error (no worker is
+  left waiting alone); `gather_errors` is its one all-gather of error texts;
 - `same_settings(settings, owner)`: raises on every worker if the arguments
   that decide where a callback's collectives run differ between workers.
 
@@ -131,13 +132,19 @@ class PeerFailedError(RuntimeError):
 
 
 def together(action: Callable[[], T], what: str, strategy: Any | None = None) -> T:
-    """Runs `action()` here; raises on every worker if it raised on any.
+    """Runs `action()` here; raises on every worker, with the cause, if it raised on any.
 
     The worker where `action` raised re-raises its own error; the others raise
-    `PeerFailedError` naming `what` and the failing workers. One agreement
-    (a collective) when the strategy spans workers, nothing more otherwise:
-    wrap a step whose failure on one worker (a chief-only write, a local read)
-    would otherwise leave the others waiting in the next collective.
+    `PeerFailedError` naming `what`, the failing workers and their errors
+    (type and message, the first `CAUSE_BYTES` bytes of each). One all-gather
+    of each worker's error text when the strategy spans workers, nothing more
+    otherwise: wrap a step whose failure on one worker (a chief-only write, a
+    local read) would otherwise leave the others waiting in the next collective.
+
+    Raises:
+        PeerFailedError: On the workers where `action` succeeded, if it raised
+            on another, e.g. `"the step failed (worker 1: KeyError: 'only here').
+            Every worker stops here."`.
     """
     if not spans_workers(strategy):
         return action()
@@ -147,16 +154,51 @@ def together(action: Callable[[], T], what: str, strategy: Any | None = None) ->
         result = action()
     except Exception as err:  # noqa: BLE001 - raised below, once every worker knows
         error = err
-    failed = all_gather(np.array([error is not None]), strategy)[:, 0]
+    failed = gather_errors(error, strategy)
     if error is not None:
         raise error
-    if failed.any():
-        ranks = ", ".join(str(int(i)) for i in np.flatnonzero(failed))
-        raise PeerFailedError(
-            f"{what} failed on worker(s) {ranks}; the error is in that worker's log. "
-            "Every worker stops here."
-        )
+    if failed is not None:
+        raise PeerFailedError(f"{what} failed ({failed}). Every worker stops here.")
     return result
+
+
+#: Bytes of an error's text (`"Type: message"`) that travel between workers.
+CAUSE_BYTES = 240
+#: Length of `encode_error`'s vector.
+ERROR_WIDTH = CAUSE_BYTES + 1
+
+
+def encode_error(error: BaseException | None) -> np.ndarray:
+    """`[n, byte...]` as float64, for a collective: `n` < 0 for no error, else its text's length."""
+    vector = np.zeros(ERROR_WIDTH)
+    if error is None:
+        vector[0] = -1
+        return vector
+    text = f"{type(error).__name__}: {error}".encode()[:CAUSE_BYTES]
+    vector[0] = len(text)
+    vector[1 : 1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+    return vector
+
+
+def decode_error(vector: np.ndarray) -> str | None:
+    """The text `encode_error` put in `vector`, or `None` for no error."""
+    n = int(vector[0])
+    if n < 0:
+        return None
+    return bytes(np.asarray(vector[1 : 1 + n]).astype(np.uint8)).decode(errors="replace")
+
+
+def gather_errors(error: BaseException | None, strategy: Any | None = None) -> str | None:
+    """Every worker's error, on every worker: `"worker 1: KeyError: 'x'; ..."`, or `None`.
+
+    One all-gather of `encode_error(error)` when the strategy spans workers; in
+    one process, nothing to gather: this process's `"Type: message"`, or `None`.
+    """
+    if not spans_workers(strategy):
+        return None if error is None else f"{type(error).__name__}: {error}"
+    views = all_gather(encode_error(error), strategy)
+    causes = [(i, decode_error(row)) for i, row in enumerate(views)]
+    return "; ".join(f"worker {i}: {cause}" for i, cause in causes if cause is not None) or None
 
 
 class SettingsDifferError(ValueError):

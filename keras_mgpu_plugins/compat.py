@@ -52,7 +52,6 @@ from keras_mgpu_plugins._compat_private import (
     loss_tracker_rows,
     open_assets_store,
     open_h5_store,
-    resolve_monitor_op,
     save_model_to_hdf5,
     save_state_walk,
     serialize_model_as_json,
@@ -81,7 +80,7 @@ __all__ = [
     "refuse_unsupported_settings", "hide_from_progbar",
     "keras_print_msg", "keras_version", "local_replica_values", "loss_tracker_rows",
     "open_assets_store", "open_h5_store", "h5_store_class", "patch_keras", "require",
-    "resolve_monitor_op", "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
+    "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
 ]
 

@@ -13,16 +13,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from keras_mgpu_plugins.callbacks.backup_and_restore import BackupAndRestore
     from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
     from keras_mgpu_plugins.callbacks.early_stopping import EarlyStopping
-    from keras_mgpu_plugins.callbacks.model_checkpoint import (
-        ModelCheckpoint,
-        ParallelModelCheckpoint,
-    )
+    from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
+    from keras_mgpu_plugins.callbacks.parallel_model_checkpoint import ParallelModelCheckpoint
     from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
     from keras_mgpu_plugins.callbacks.weight_sync_verifier import WeightSyncVerifier
 
 _MODULES = {
     "ModelCheckpoint": "model_checkpoint",
-    "ParallelModelCheckpoint": "model_checkpoint",
+    "ParallelModelCheckpoint": "parallel_model_checkpoint",
     "EarlyStopping": "early_stopping",
     "BackupAndRestore": "backup_and_restore",
     "DeviceMetricsLogger": "device_metrics_logger",

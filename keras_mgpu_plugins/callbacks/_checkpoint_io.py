@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.callbacks._checkpoint_rules import check_template
 
 
 def check_keras_internals() -> None:
@@ -81,6 +82,36 @@ class Snapshot:
                 with zipfile.ZipFile(io.BytesIO(self.assets_zip)) as assets:
                     for info in assets.infolist():
                         zf.writestr(info, assets.read(info))
+
+
+def read(variable: Any) -> Any:
+    """A snapshot read of one Keras variable: shares its buffer until its next update."""
+    import tensorflow as tf
+
+    return tf.identity(variable.value)  # (keras.ops.convert_to_tensor does not read)
+
+
+def copy_weights(source: Any, target: Any) -> list | None:
+    """Gives `target` the values of `source`'s weights, by the snapshot reads of `read`.
+
+    A template model (`ModelCheckpoint(model=...)`, `multi_gpu_model`'s
+    template) receives the trained values this way: one read of each trained
+    variable (no copy where TensorFlow allows), then one `assign` of it into
+    the target's variable (a device-to-device copy, no NumPy round trip).
+
+    Returns:
+        The reads, in `source.weights` order (what `target` now holds), or
+        `None` when the target's variables are the source's own (nothing to copy).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    if not check_template(source, target):
+        return None
+    reads = [read(v) for v in source.weights]
+    for variable, value in zip(target.weights, reads, strict=True):
+        variable.assign(value)
+    return reads
 
 
 def take_snapshot(model: Any, kind: str) -> Snapshot:
@@ -164,7 +195,6 @@ def _replay(store: Any, entries: list) -> None:
 
 def _snapshot_store_class() -> type:
     import keras
-    import tensorflow as tf
 
     class SnapshotStore(compat.h5_store_class()):
         """Stands in for `H5IOStore(mode="w")`: keeps the reads, writes nothing."""
@@ -184,7 +214,7 @@ def _snapshot_store_class() -> type:
 
         def __setitem__(self, key: str, value: Any) -> None:
             if isinstance(value, keras.Variable):  # the read: shares the buffer until an update
-                value = tf.identity(value.value)  # (keras.ops.convert_to_tensor does not read)
+                value = read(value)
             elif not keras.ops.is_tensor(value):  # NumPy data may be the layer's own: copy
                 value = np.array(value)
             self.current[key] = value

@@ -3,8 +3,8 @@
 - `encode_monitored` / `agreed_logs` / `monitored_value`: the chief's monitored
   value travels to every worker as two float64 numbers, and each worker runs
   Keras's save decision on logs holding that value;
-- `check_template` / `copy_weights`: a template model (`model=`) receives the
-  trained weights by value before it is saved.
+- `check_template`: whether a template model (`model=`) can receive the
+  trained weights (`_checkpoint_io.copy_weights`) before it is saved.
 """
 
 from __future__ import annotations
@@ -78,13 +78,3 @@ def check_template(source: Any, target: Any) -> bool:
             f"{wanted}. Received: model={target.name!r}"
         )
     return True
-
-
-def copy_weights(source: Any, target: Any) -> None:
-    """Gives `target` the values of `source`'s weights (nothing to do if shared).
-
-    Raises:
-        ValueError: If the two models' weights differ in number or shapes.
-    """
-    if check_template(source, target):
-        target.set_weights(source.get_weights())

@@ -7,7 +7,7 @@ The one scheme of every save (`ModelCheckpoint`, `BackupAndRestore`):
 2. only the chief writes it: at once on the training thread, or with
    `async_save=True` on one background thread, at most one write in flight;
 3. an error reaches every worker, with its cause: a synchronous save is one
-   `together` (every worker's error text travels in one all-gather); a
+   `collective.together` (every worker's error text travels in one all-gather); a
    background write's error is carried by the chief to every worker at the
    next check (`raise_chief_error`), in the collective that check runs anyway.
 """
@@ -16,64 +16,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from keras_mgpu_plugins import collective
 from keras_mgpu_plugins.callbacks._checkpoint_io import Snapshot, take_snapshot
-
-T = TypeVar("T")
-
-#: Bytes of an error's text that travel between workers.
-CAUSE_BYTES = 240
-#: Length of `encode_error`'s vector.
-ERROR_WIDTH = CAUSE_BYTES + 1
-
-
-def encode_error(error: BaseException | None) -> np.ndarray:
-    """`[n, byte...]` as float64: `n` < 0 for no error, else the length of its text."""
-    vector = np.zeros(ERROR_WIDTH)
-    if error is None:
-        vector[0] = -1
-        return vector
-    text = f"{type(error).__name__}: {error}".encode()[:CAUSE_BYTES]
-    vector[0] = len(text)
-    vector[1 : 1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-    return vector
-
-
-def decode_error(vector: np.ndarray) -> str | None:
-    """The text `encode_error` put in `vector`, or `None` for no error."""
-    n = int(vector[0])
-    if n < 0:
-        return None
-    return bytes(np.asarray(vector[1 : 1 + n]).astype(np.uint8)).decode(errors="replace")
-
-
-def together_with_cause(action: Callable[[], T], what: str, strategy: Any = None) -> T:
-    """`collective.together`, where the other workers also learn the failing one's error.
-
-    Raises:
-        collective.PeerFailedError: On the workers where `action` succeeded,
-            naming the failing workers and their errors.
-    """
-    if not collective.spans_workers(strategy):
-        return action()
-    error: BaseException | None = None
-    result: Any = None
-    try:
-        result = action()
-    except Exception as err:  # noqa: BLE001 - raised below, once every worker knows
-        error = err
-    views = collective.all_gather(encode_error(error), strategy)
-    if error is not None:
-        raise error
-    causes = [(i, decode_error(row)) for i, row in enumerate(views)]
-    failed = "; ".join(f"worker {i}: {cause}" for i, cause in causes if cause is not None)
-    if failed:
-        raise collective.PeerFailedError(f"{what} failed ({failed}). Every worker stops here.")
-    return result
 
 
 class BackgroundWriter:
@@ -159,7 +107,7 @@ class ChiefWrites:
             self.since = epoch
             return False
 
-        if together_with_cause(here, f"{self.owner}: {what}", strategy):
+        if collective.together(here, f"{self.owner}: {what}", strategy):
             self.on_saved(record)
 
     def drain(self, wait: bool = False) -> None:
@@ -181,14 +129,14 @@ class ChiefWrites:
     def check(self, strategy: Any, wait: bool) -> None:
         """Raises the chief's writer error on every worker (one broadcast across workers)."""
         self.drain(wait=wait)
-        chief = encode_error(self.error if collective.is_chief() else None)
+        chief = collective.encode_error(self.error if collective.is_chief() else None)
         if collective.spans_workers(strategy):
             chief = collective.broadcast(chief, strategy)
         self.raise_chief_error(chief)
 
     def raise_chief_error(self, chief: np.ndarray) -> None:
-        """Raises here the error the chief encoded (`encode_error`) in `chief`, if any."""
-        cause = decode_error(chief)
+        """Raises here the error the chief encoded (`collective.encode_error`) in `chief`, if any."""
+        cause = collective.decode_error(chief)
         if cause is None:
             return
         error, self.error = self.error, None

@@ -13,16 +13,25 @@ from typing import Any
 UNSET: Any = object()
 
 
-def batches_between(name: str, value: Any) -> int:
+def batches_between(name: str, value: Any, batch: bool = False) -> int:
     """Batches between two actions: 0 for `"epoch"` (at epoch ends only), else `value`.
 
+    Args:
+        name: The argument's name, for the message.
+        value: What the caller passed.
+        batch: Also accept `"batch"` (every batch: 1), as W&B's Keras callbacks do.
+
     Raises:
-        ValueError: Unless `value` is `"epoch"` or a positive int (naming `name`).
+        ValueError: Unless `value` is `"epoch"` (or `"batch"`, where accepted)
+            or a positive int (naming `name`).
     """
     if value == "epoch":
         return 0
+    if batch and value == "batch":
+        return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be "epoch" or a positive integer (a number of batches). '
+        valid = '"epoch", "batch"' if batch else '"epoch"'
+        raise ValueError(f"{name} must be {valid} or a positive integer (a number of batches). "
                          f"Received: {name}={value!r}")
     return value
 

@@ -229,13 +229,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        vector = _checkpoint_writer.encode_error(error)
-        if collective.spans_workers(strategy):
-            views = collective.all_gather(vector, strategy)
-            causes = [(i, _checkpoint_writer.decode_error(row)) for i, row in enumerate(views)]
-            failed = [f"worker {i}: {cause}" for i, cause in causes if cause is not None]
-            return "; ".join(failed) or None
-        return _checkpoint_writer.decode_error(vector)
+        return collective.gather_errors(error, strategy)
 
     # --- backing up ------------------------------------------------------------
 

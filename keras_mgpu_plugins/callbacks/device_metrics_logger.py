@@ -34,22 +34,20 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from typing import Any
 
 import keras
 import numpy as np
 
 from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins.callbacks import _device_metrics_end as _end
 from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.reader import Reader
-from keras_mgpu_plugins.samplers.report import plot_run, summary_table
 from keras_mgpu_plugins.samplers.sinks import RecordSinks
 
 logger = logging.getLogger("keras_mgpu_plugins")
 _warned: set[str] = set()
-PLOT_POINTS = 256
 
 
 class DeviceMetricsLogger(keras.callbacks.Callback):
@@ -194,8 +192,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
-            series = self._gather_series() if self._plot_gathered else None
-            collective.together(lambda: self._chief and self._finish(series),
+            series = (_end.gather_series(self._thread, self._t0, self._max_devices, self._strategy)
+                      if self._plot_gathered else None)
+            collective.together(lambda: self._chief and _end.finish(self, series),
                                 "DeviceMetricsLogger: the plot and summary", self._strategy)
         finally:
             self._close_run()
@@ -209,12 +208,12 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._thread.sample_now()  # a failing sampler reads NaN (Reader): no worker stops alone
         self._readings.append(self._thread.drain())
         if kind == "epoch":
-            seconds, batches = _concat(self._intervals)
+            seconds, batches = _end.concat(self._intervals)
             readings = np.concatenate([r for r in self._readings if r.size])
         else:
             readings = self._readings[-1]
         done = self._batches_done(batch)
-        rows = _rows_counted(self.model) / done if done else np.nan
+        rows = _end.rows_counted(self.model) / done if done else np.nan
         run = np.append(rec.step_stats(seconds, batches), [rows, self._reader.take_failures()])
         vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
         workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
@@ -285,23 +284,6 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def _open_reader(self) -> Reader:
         return Reader(self.sampler if self.sampler is not None else GPUSampler(), HostSampler())
 
-    def _gather_series(self) -> np.ndarray:
-        times, values = self._thread.series()
-        grid = np.linspace(0.0, max(time.perf_counter() - self._t0, 1e-9), PLOT_POINTS)
-        width = len(rec.HOST_FIELDS) + self._max_devices * len(rec.DEVICE_FIELDS)
-        local = rec.resample(times - self._t0, values, grid, width)  # the same shape on every worker
-        gathered = collective.all_gather(local, self._strategy)
-        return np.concatenate([grid[None, :, None].repeat(len(gathered), 0), gathered], axis=2)
-
-    def _finish(self, series: np.ndarray | None) -> None:
-        if series is not None:
-            plot_run(self.plot, series[0, :, 0], series[:, :, 1:], self._all_names, self._epoch_ends)
-        if self.summary:
-            seconds, batches = _concat(self._run_intervals)
-            rows = sum(w.run["rows_per_batch"] for w in self.records[-1]) if self.records else None
-            print(summary_table(self.records, rec.step_stats(seconds, batches), int(batches.sum()),
-                                self.batch_size or rows, self._replicas))
-
     def _close_run(self) -> None:
         self._thread.stop()
         self._sinks.close()
@@ -325,15 +307,3 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             logger.warning("DeviceMetricsLogger: reading devices or host failed on worker(s) %s; "
                            "their values are NaN where it failed (the error is in that worker's log).",
                            ", ".join(map(str, new)))
-
-
-def _rows_counted(model: Any) -> float:
-    """Rows this worker's replicas trained on this epoch, as Keras's loss tracker counted them."""
-    counts = compat.loss_tracker_rows(model)
-    return np.nan if counts is None else float(sum(counts))
-
-
-def _concat(intervals: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    if not intervals:
-        return np.empty(0), np.empty(0, dtype=np.int64)
-    return np.concatenate([s for s, _ in intervals]), np.concatenate([b for _, b in intervals])

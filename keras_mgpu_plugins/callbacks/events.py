@@ -75,3 +75,20 @@ def publish(model: Any, topic: str, payload: dict[str, Any]) -> None:
         listeners = list(_listeners.get(model, {}).get(topic, []))
     for listener in listeners:
         listener(payload)
+
+
+def weak_listener(owner: Any, method: str) -> Listener:
+    """A listener calling `owner.<method>(payload)` that holds `owner` weakly.
+
+    A subscription lives as long as the model: a callback subscribing its own
+    method would be kept alive (with what it holds) by the channel. Once
+    `owner` is gone, the listener does nothing.
+    """
+    ref = weakref.ref(owner)
+
+    def listener(payload: dict[str, Any]) -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, method)(payload)
+
+    return listener

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +37,6 @@ from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_wr
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
     check_template,
-    copy_weights,
     encode_monitored,
     monitored_value,
 )
@@ -75,10 +73,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         initial_value_threshold: As in Keras.
         model: Optional template `keras.Model` to save instead of the model
             being trained. Its weights must match the trained model's in
-            number and shapes; they receive the trained values (by value,
-            `template.set_weights(trained.get_weights())`) before each save,
-            on every worker. Nothing is copied when the template's variables
-            are the trained model's own.
+            number and shapes; they receive the trained values (by value: a
+            snapshot read and an `assign` of each variable) before each save,
+            on every worker, on the training thread. Nothing is copied when the
+            template's variables are the trained model's own.
         async_save: If `True`, the training thread only takes the snapshot
             (reads of the variables, no copy on CPU: see `_checkpoint_io`) and
             a background thread serialises and writes it, at most one write
@@ -148,7 +146,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
         self._writer = self._saves.writer
-        self._flush = _weak_flush(self)  # the channel must not keep this callback alive
+        self._flush = events.weak_listener(self, "_flush_now")  # finish the last write
 
     # --- hooks ------------------------------------------------------------------
 
@@ -220,7 +218,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
         chief = collective.is_chief()
-        error = _checkpoint_writer.encode_error(self._saves.error if chief else None)
+        error = collective.encode_error(self._saves.error if chief else None)
         flags = [chief and _atomic.isdir(filepath)]
         local = np.concatenate([encode_monitored(logs.get(self.monitor)), flags, error])
         chief_value = collective.broadcast(local, self._strategy())
@@ -253,9 +251,18 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return getattr(self.model, "distribute_strategy", None)
 
     def _model_to_save(self) -> keras.Model:
+        """The trained model, or the template given its values (on every worker).
+
+        Assigned here, on the training thread, not in the writer: code on this
+        thread also writes the template (`multi_gpu_model`'s link, at every
+        epoch end) and reads it; a writer-thread assignment could land after a
+        newer one and its file mix both. Every worker's template gets the
+        values, and only the chief has a writer. What stays here is one read
+        and one device-side `assign` per variable (`_checkpoint_io.copy_weights`).
+        """
         if self.template is None:
             return self.model
-        copy_weights(self.model, self.template)
+        _checkpoint_io.copy_weights(self.model, self.template)
         return self.template
 
     def _write(self, write: Any, filepath: str) -> None:
@@ -273,6 +280,10 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         """Publishes finished background writes; keeps the first writer error."""
         self._saves.drain(wait=wait)
 
+    def _flush_now(self, payload: dict[str, Any]) -> None:
+        """The `"flush"` listener: finish the last write and publish it."""
+        self._drain(wait=True)
+
     @contextlib.contextmanager
     def _quiet_unless(self, chief: bool) -> Iterator[None]:
         verbose = self.verbose
@@ -283,44 +294,12 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.verbose = verbose
 
 
-def _weak_flush(callback: ModelCheckpoint) -> Any:
-    """A `"flush"` listener: finish the last write and publish it (held weakly)."""
-    ref = weakref.ref(callback)
+def __getattr__(name: str) -> Any:
+    """`ParallelModelCheckpoint` has its module; this import path keeps working."""
+    if name == "ParallelModelCheckpoint":
+        from keras_mgpu_plugins.callbacks.parallel_model_checkpoint import (
+            ParallelModelCheckpoint,
+        )
 
-    def flush(payload: dict[str, Any]) -> None:
-        target = ref()
-        if target is not None:
-            target._drain(wait=True)
-
-    return flush
-
-
-class ParallelModelCheckpoint(ModelCheckpoint):
-    """`ModelCheckpoint` taking the template model first, as the multi-GPU recipe does.
-
-    `ParallelModelCheckpoint(template, filepath, **kwargs)` is
-    `ModelCheckpoint(filepath, model=template, **kwargs)`: the template gets
-    the trained weights and is what is saved.
-
-    Args:
-        model: The template `keras.Model` (e.g. the one given to
-            `multi_gpu_model`).
-        filepath: See `ModelCheckpoint`.
-        **kwargs: Any other `ModelCheckpoint` argument.
-
-    Example:
-        >>> parallel = kmp.multi_gpu_model(template, gpus=2)
-        >>> parallel.compile(optimizer="sgd", loss="mse")
-        >>> parallel.fit(x, y, callbacks=[
-        ...     kmp.callbacks.ParallelModelCheckpoint(template, "best.keras",
-        ...                                           save_best_only=True)])
-    """
-
-    def __init__(
-        self, model: keras.Model, filepath: str | os.PathLike, *args: Any, **kwargs: Any
-    ) -> None:
-        if model is None:
-            raise TypeError(
-                "ParallelModelCheckpoint needs the template model first. Received: model=None"
-            )
-        super().__init__(filepath, *args, model=model, **kwargs)
+        return ParallelModelCheckpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,9 +11,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective, fingerprint
+from keras_mgpu_plugins import collective
 from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.callbacks import _weight_sync as _ws
+from keras_mgpu_plugins.callbacks._replica_copies import Tracked, assign, host_value
 from keras_mgpu_plugins.callbacks._weight_sync import (  # public names, re-exported
     DEFAULT_STATISTICS,
     MAX_LINES,
@@ -101,8 +102,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         self._epoch = 0
         self._stats_sync = _ws.StatisticsSync()
         # the channel holds the model weakly: it must not keep this callback (and the model) alive
-        self._listeners = {"before_save": _weak_listener(self, "_before_save"),
-                           "checkpoint_saved": _weak_listener(self, "_on_checkpoint_saved")}
+        self._listeners = {"before_save": events.weak_listener(self, "_before_save"),
+                           "checkpoint_saved": events.weak_listener(self, "_on_checkpoint_saved")}
         if self.schedule.every_n_batches:  # a batch hook only when asked: Keras may then dispatch async
             self.on_train_batch_end = self._on_train_batch_end
 
@@ -177,7 +178,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         if not found:
             self._record(SyncReport(where, (), ()))
             return
-        references = {v: collective.broadcast(_numpy(tracked.copies[v][0]), strategy) for v, _ in found}
+        references = {v: collective.broadcast(host_value(tracked.copies[v][0]), strategy) for v, _ in found}
         diffs = self._differences(tracked, found, references, strategy)
         records = [VariableMismatch(tracked.paths[v], tracked.roles[v], copies,
                                     tuple(float(diffs[w, i, r]) for w, r in copies))
@@ -195,7 +196,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     def _differences(self, tracked: Any, found: list, references: dict, strategy: Any) -> np.ndarray:
         """(workers, found variables, replicas) max |copy - reference|, the same on every worker."""
-        local = np.array([[_ws.max_abs_diff(_numpy(copy), references[v]) for copy in tracked.copies[v]]
+        local = np.array([[_ws.max_abs_diff(host_value(copy), references[v]) for copy in tracked.copies[v]]
                           for v, _ in found], dtype=np.float64)
         return collective.all_gather(local, strategy)
 
@@ -206,7 +207,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             for v, _ in found:
                 if tracked.roles[v] != "statistic":
                     for copy in tracked.copies[v]:
-                        _assign(copy, references[v])
+                        assign(copy, references[v])
         if collective.is_chief():
             logger.warning(_ws.mismatch_message(report, resynced=self.on_mismatch == "resync"))
 
@@ -219,12 +220,12 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     def _average_statistics(self, tracked: Any, indices: list[int], strategy: Any) -> None:
         """Every copy of each statistic := its mean over all replicas of all workers (one collective)."""
-        sums = [np.sum([_numpy(c).astype(np.float64) for c in tracked.copies[v]], axis=0) for v in indices]
+        sums = [np.sum([host_value(c).astype(np.float64) for c in tracked.copies[v]], axis=0) for v in indices]
         gathered = collective.all_gather(np.concatenate([s.reshape(-1) for s in sums]), strategy)
         means = _ws.means_of_sums(gathered, len(tracked.copies[indices[0]]), [s.shape for s in sums])
         for v, mean in zip(indices, means, strict=True):
             for copy in tracked.copies[v]:
-                _assign(copy, mean)
+                assign(copy, mean)
 
     def _record(self, report: SyncReport) -> None:
         self.last_report = report
@@ -240,7 +241,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         if self._tracked is None or self._tracked.key != key:
             self._tracked = _tracked_by_model.get(model)
             if self._tracked is None or self._tracked.key != key:
-                self._tracked = _Tracked(model.distribute_strategy, variables, optimizer_vars,
+                self._tracked = Tracked(model.distribute_strategy, variables, optimizer_vars,
                                          self.statistics, key)
                 _tracked_by_model[model] = self._tracked
             self._say_replicas(model.distribute_strategy.num_replicas_in_sync)
@@ -254,61 +255,3 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     def _gather_strategy(self) -> Any:
         # The model's strategy, or the process's multi-worker one (never created here).
         return collective.workers_strategy(self.model.distribute_strategy)
-
-
-class _Tracked:
-    """The variables to check, their per-replica copies, and their fingerprinter."""
-
-    def __init__(self, strategy: Any, variables: list, optimizer_vars: list,
-                 statistics: Sequence[str], key: tuple) -> None:
-        import tensorflow as tf
-
-        self.key, self.paths, self.roles, self.copies = key, [], [], []
-        seen: set[int] = set()
-        for role, group in (("model", variables), ("optimizer", optimizer_vars)):
-            for var in group:
-                name = var.path.rsplit("/", 1)[-1]
-                kind = classify(name, var.trainable, getattr(var, "synchronization", "auto"),
-                                fingerprint.supports(tf.as_dtype(var.dtype)), statistics)
-                if kind is None or id(var) in seen:
-                    continue
-                seen.add(id(var))
-                self.paths.append(var.path)
-                self.roles.append("statistic" if kind == "statistic" else role)
-                self.copies.append(_local_copies(strategy, var))
-        self.replicas = len(self.copies[0]) if self.copies else 1
-        groups = [[copies[r] for copies in self.copies] for r in range(self.replicas)]
-        self.fingerprints = fingerprint.make_fingerprinter(groups)
-
-
-def _local_copies(strategy: Any, variable: Any) -> tuple:
-    """This worker's per-replica copies of a Keras variable (its tf.Variable components).
-
-    The one place that reaches through Keras (`variable.value`, the backend
-    variable) into `tf.distribute` (`experimental_local_results`): the copies are
-    read for fingerprints and written by `"resync"` and `sync_stats`.
-    """
-    return tuple(strategy.experimental_local_results(variable.value))
-
-
-def _numpy(copy: Any) -> np.ndarray:
-    return np.asarray(copy.numpy())
-
-
-def _assign(copy: Any, value: np.ndarray) -> None:
-    import tensorflow as tf
-
-    with tf.device(copy.device):
-        copy.assign(tf.constant(np.asarray(value).astype(copy.dtype.as_numpy_dtype)))
-
-
-def _weak_listener(callback: WeightSyncVerifier, method: str) -> Any:
-    """An events listener calling `callback.<method>(payload)`, holding `callback` weakly."""
-    ref = weakref.ref(callback)
-
-    def listener(payload: dict) -> None:
-        target = ref()
-        if target is not None:
-            getattr(target, method)(payload)
-
-    return listener

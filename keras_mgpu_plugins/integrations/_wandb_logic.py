@@ -5,19 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 
-def batches_between_logs(log_freq: str | int) -> int:
-    """Batches between two batch logs: 0 for `"epoch"`, 1 for `"batch"`, else `log_freq`."""
-    if log_freq == "epoch":
-        return 0
-    if log_freq == "batch":
-        return 1
-    if isinstance(log_freq, bool) or not isinstance(log_freq, int) or log_freq < 1:
-        raise ValueError(
-            f'log_freq must be "epoch", "batch" or a positive int. Received: log_freq={log_freq!r}'
-        )
-    return log_freq
-
-
 def worker_run_name(name: str | None, worker_index: int) -> str:
     """The run name of one worker in `"group"` mode."""
     return f"{name or 'run'}-worker{worker_index}"

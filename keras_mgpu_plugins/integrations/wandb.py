@@ -15,23 +15,21 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import platform
-import secrets
 import sys
-import weakref
 from typing import Any
 
 import keras
-import numpy as np
 
-from keras_mgpu_plugins import collective, compat
-from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins import collective
+from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.integrations._wandb_artifacts import ArtifactQueue
+from keras_mgpu_plugins.integrations._wandb_job import (
+    agreed_group,
+    job_config,
+    measured_batch_sizes,
+)
 from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
-    batch_sizes,
-    batches_between_logs,
-    format_group_id,
     worker_run_name,
 )
 
@@ -105,7 +103,7 @@ class WandbLogger(keras.callbacks.Callback):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f'mode must be "chief" or "group". Received: mode={mode!r}')
-        self.log_every = batches_between_logs(log_freq)
+        self.log_every = _freq.batches_between("log_freq", log_freq, batch=True)
         if config is not None and not isinstance(config, dict):
             raise ValueError(f"config must be a dict. Received: config={config!r}")
         require_wandb()
@@ -120,7 +118,8 @@ class WandbLogger(keras.callbacks.Callback):
         self._pending: list[tuple[str, dict[str, Any]]] = []
         if self.log_every:  # a batch hook only when batch logs are asked for
             self.on_train_batch_end = self._log_batch
-        self._listeners = _weak_listeners(self, "_on_checkpoint", "_on_device_metrics")
+        self._listeners = (events.weak_listener(self, "_on_checkpoint"),
+                           events.weak_listener(self, "_on_device_metrics"))
         self._artifacts = ArtifactQueue()
 
     def set_model(self, model: Any) -> None:
@@ -236,21 +235,6 @@ class WandbLogger(keras.callbacks.Callback):
 # --- what the run records -------------------------------------------------------------
 
 
-def _weak_listeners(owner: Any, *methods: str) -> tuple:
-    """Event listeners that call `owner`'s methods without keeping `owner` (and its model) alive."""
-    ref = weakref.ref(owner)
-
-    def listener(method: str) -> Any:
-        def call(payload: dict[str, Any]) -> None:
-            target = ref()
-            if target is not None:
-                getattr(target, method)(payload)
-
-        return call
-
-    return tuple(listener(method) for method in methods)
-
-
 def require_wandb() -> None:
     """Raises an ImportError with the install hint when `wandb` is missing (not importing it)."""
     if "wandb" in sys.modules:
@@ -259,69 +243,3 @@ def require_wandb() -> None:
         missing = importlib.util.find_spec("wandb") is None
     if missing:
         raise ImportError(f"WandbLogger needs the wandb package: {INSTALL_HINT}")
-
-
-def agreed_group(local: str | None, strategy: Any) -> str:
-    """This worker's group name if every worker has one, else one drawn by the chief.
-
-    Always one collective, so workers that differ (`KMP_JOB_ID` set on some only)
-    never wait for each other in different calls.
-    """
-    if collective.agree(bool(local), strategy, how="all"):
-        return local
-    return agree_group_id(strategy)
-
-
-def agree_group_id(strategy: Any) -> str:
-    """A group name every worker holds: drawn by the chief, broadcast (a collective)."""
-    drawn = secrets.randbits(62) if collective.is_chief() else 0
-    return format_group_id(int(collective.broadcast(np.array([drawn], np.int64), strategy)[0]))
-
-
-def job_config(model: Any, strategy: Any, mode: str) -> dict[str, Any]:
-    """How this job is distributed, and with which versions."""
-    import tensorflow as tf
-
-    from keras_mgpu_plugins import __version__
-
-    gpus = tf.config.list_physical_devices("GPU")
-    models = [tf.config.experimental.get_device_details(g).get("device_name", "") for g in gpus]
-    config = {
-        "strategy": strategy_name(tf, strategy),
-        "num_workers": collective.num_workers(),
-        "num_replicas": int(strategy.num_replicas_in_sync),
-        "devices": strategy_devices(tf, strategy),
-        "gpu_models": models,
-        "python_version": platform.python_version(),
-        "tensorflow_version": tf.__version__,
-        "keras_version": keras.__version__,
-        "keras_mgpu_plugins_version": __version__,
-    }
-    if mode == "group":
-        config["worker_index"] = collective.worker_index()
-    return config
-
-
-def strategy_name(tf: Any, strategy: Any) -> str:
-    """The public `tf.distribute` name of `strategy` (`"default"` for TF's default one)."""
-    for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "TPUStrategy"):
-        if isinstance(strategy, getattr(tf.distribute, name)):
-            return name
-    return "default" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
-
-
-def strategy_devices(tf: Any, strategy: Any) -> list[str]:
-    """This worker's devices under `strategy` (TF's default strategy: the first GPU, else CPU)."""
-    try:
-        return [str(d) for d in strategy.extended.worker_devices]
-    except RuntimeError:  # "worker_devices() method unsupported by default" strategy
-        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-        return [devices[0].name]
-
-
-def measured_batch_sizes(model: Any, batches_done: int) -> dict[str, int]:
-    """Batch sizes from the rows the loss tracker counted on this worker's replicas."""
-    counts = compat.loss_tracker_rows(model)
-    if counts is None:
-        return {}
-    return batch_sizes(counts, batches_done, int(model.distribute_strategy.num_replicas_in_sync))

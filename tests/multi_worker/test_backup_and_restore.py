@@ -152,21 +152,10 @@ def restore_from_own_folder(folders):
     return messages
 
 
-def test_backup_not_on_shared_storage_fails_fast_on_every_worker(tmp_path):
-    import keras
-
-    from keras_mgpu_plugins.callbacks import BackupAndRestore
-
-    seen_by_one = str(tmp_path / "backup")  # a backup at epoch 1, made by one process
-    x, y = make_data()
-    keras.utils.set_random_seed(0)
-    build_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
-                      callbacks=[BackupAndRestore(seen_by_one, delete_checkpoint=False)])
-    empty = [str(tmp_path / "empty0"), str(tmp_path / "empty1")]
-    cases = [(seen_by_one, empty[1]),  # only the chief sees it
-             (empty[0], seen_by_one)]  # only worker 1 sees it
-    results = kmp.launch(restore_from_own_folder, num_workers=2, args=(cases,), timeout=200)
-    for worker, messages in enumerate(results):
+def test_backup_not_on_shared_storage_fails_fast_on_every_worker(one_job):
+    _, results = one_job
+    for worker, result in enumerate(results):
+        messages = result["not_shared"]
         for case, message in enumerate(messages):
             assert message is not None, (worker, case)
             assert message.startswith("BackupNotSharedError"), message
@@ -190,9 +179,10 @@ def batch_backups(backup_dir):
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_batch_backups_written_by_the_chief_alone(async_save, _batch_runs):
-    backup_dir, runs = _batch_runs
-    results = [run[async_save] for run in runs]
+def test_batch_backups_written_by_the_chief_alone(async_save, one_job):
+    folders, runs = one_job
+    backup_dir = folders["batches"]
+    results = [run["batches"][async_save] for run in runs]
     backup_dir += "_async" if async_save else ""
     expected = ["latest.weights.h5", "latest.weights.h5.bkp", "training_metadata.json",
                 "training_metadata.json.bkp"]
@@ -206,12 +196,6 @@ def test_batch_backups_written_by_the_chief_alone(async_save, _batch_runs):
     model.load_weights(os.path.join(backup_dir, "latest.weights.h5"))  # complete and loadable
     assert int(model.optimizer.iterations.numpy()) == 4 + 2  # the 6th of 8 steps
     assert_bit_identical(results[0]["weights"], results[1]["weights"])
-
-
-@pytest.fixture(scope="module")
-def _batch_runs(tmp_path_factory):
-    backup_dir = str(tmp_path_factory.mktemp("batches") / "backup")
-    return backup_dir, kmp.launch(batch_backups, num_workers=2, args=(backup_dir,), timeout=200)
 
 
 def backup_blocked_on_the_chief(backup_dir):
@@ -248,10 +232,10 @@ def backup_blocked_on_the_chief(backup_dir):
     return errors
 
 
-def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(tmp_path):
-    backup_dir = str(tmp_path / "backup")
-    results = kmp.launch(backup_blocked_on_the_chief, num_workers=2, args=(backup_dir,),
-                         timeout=200)
+def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(one_job):
+    folders, runs = one_job
+    backup_dir = folders["blocked"]
+    results = [run["blocked"] for run in runs]
     (chief, _, differing_0, _, chief_async, chief_began), (other, _, differing_1, _, other_async,
                                                            other_began) = results
     for differing, here in ((differing_0, "'epoch'"), (differing_1, "2")):  # before any backup
@@ -268,3 +252,31 @@ def test_a_backup_failing_on_the_chief_stops_every_worker_at_that_epoch(tmp_path
     assert other_async.startswith("PeerFailedError: BackupAndRestore(async_save=True): the "
                                   "chief's background writer failed (IsADirectoryError")
     assert chief_began == other_began == [0, 1]
+
+
+def scenarios_of_one_job(folders):
+    """The scenarios that end in an error every worker catches, or write only: one job."""
+    return {"batches": batch_backups(folders["batches"]),
+            "blocked": backup_blocked_on_the_chief(folders["blocked"]),
+            "not_shared": restore_from_own_folder(folders["not_shared"])}
+
+
+@pytest.fixture(scope="module")
+def one_job(tmp_path_factory):
+    """One launched job for three tests (each launch costs two TensorFlow start-ups)."""
+    import keras
+
+    from keras_mgpu_plugins.callbacks import BackupAndRestore
+
+    root = tmp_path_factory.mktemp("one_job")
+    seen_by_one = str(root / "backup")  # a backup at epoch 1, made by one process
+    x, y = make_data()
+    keras.utils.set_random_seed(0)
+    build_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
+                      callbacks=[BackupAndRestore(seen_by_one, delete_checkpoint=False)])
+    empty = [str(root / "empty0"), str(root / "empty1")]
+    folders = {"batches": str(root / "batches" / "backup"), "blocked": str(root / "blocked"),
+               "not_shared": [(seen_by_one, empty[1]),  # only the chief sees it
+                              (empty[0], seen_by_one)]}  # only worker 1 sees it
+    os.makedirs(root / "batches")
+    return folders, kmp.launch(scenarios_of_one_job, num_workers=2, args=(folders,), timeout=200)

@@ -129,14 +129,6 @@ def check(results: list[dict], source: str) -> None:
         np.testing.assert_allclose(np.array(got), want, atol=1e-5)
 
 
-def test_tf_config_alone_trains_two_workers(tmp_path):
-    ports = free_ports(2)
-    cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
-            for i in range(2)]
-    check(run_workers(tmp_path, envs), "tf_config")
-
-
 def test_srun_variables_alone_train_two_workers(tmp_path):
     base = free_ports(2)[0]
     common = {"SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
@@ -146,13 +138,15 @@ def test_srun_variables_alone_train_two_workers(tmp_path):
     check(run_workers(tmp_path, envs), "slurm")
 
 
-def test_fixed_ports_job_relaunched_at_once_trains_again(tmp_path):
-    """A requeue on the same TF_CONFIG ports: the first run's TIME_WAIT sockets do not block it."""
+def test_tf_config_alone_trains_two_workers_and_again_at_once_on_the_same_ports(tmp_path):
+    """Then a requeue on the same TF_CONFIG ports: the first run's TIME_WAIT sockets do not
+    block it (one job checks both: the first run is the TF_CONFIG-only run)."""
     ports = free_ports(2)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
             for i in range(2)]
     first = run_workers(tmp_path, envs)
+    check(first, "tf_config")
     second = run_workers(tmp_path, envs)  # at once: failed with "Port ... is already in use"
     assert [r["worker"] for r in second] == [0, 1]
     assert second[0]["weights"] == first[0]["weights"] == second[1]["weights"]

@@ -77,8 +77,9 @@ def test_collectives_between_two_workers():
             f"others waiting. Differing: patience (here {3 + rank}; differs from the chief's on "
             "worker(s) 1)."
         )
+    # the cause travels: every worker raises naming the failing worker's error
     assert [r["together_failed"] for r in results] == [
-        "PeerFailedError: the step failed on worker(s) 1; the error is in that worker's log. "
+        "PeerFailedError: the step failed (worker 1: KeyError: 'only here'). "
         "Every worker stops here.",
         "KeyError: 'only here'",
     ]

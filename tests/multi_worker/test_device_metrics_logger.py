@@ -176,10 +176,9 @@ def test_a_csv_failing_on_the_chief_stops_every_worker_at_that_record(tmp_path):
     (chief, chief_warnings), (other, other_warnings) = kmp.launch(
         csv_blocked_on_the_chief, num_workers=2, args=(str(tmp_path),), timeout=200)
     assert chief.startswith(("NotADirectoryError", "FileExistsError")) and "a_file" in chief
-    assert other == (
-        "PeerFailedError: DeviceMetricsLogger: writing a record failed on worker(s) 0; "
-        "the error is in that worker's log. Every worker stops here."
-    )
+    assert other == (  # with the chief's own error
+        f"PeerFailedError: DeviceMetricsLogger: writing a record failed (worker 0: {chief}). "
+        "Every worker stops here.")
     assert sorted(os.listdir(tmp_path)) == ["a_file"]  # worker 1 wrote nothing
     # worker 1's sampler raised at that record: NaN readings, it still joined the gather
     assert other_warnings == [

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(24
 
 GLOBAL_BATCH = 16
 EPOCHS = 8
+CUSTOM_EPOCHS = 4  # the "custom" runs: enough for worker 1's own value to stop it at epoch 1
 # Per-worker values of a "custom" log entry: each would stop at a different epoch alone.
 FALLING = [5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.25, 0.125]  # always improves: never stops
 RISING = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]  # stops at epoch 1 (patience 0)
@@ -43,10 +44,10 @@ def build_model():
     return model
 
 
-def fit(model, callbacks):
+def fit(model, callbacks, epochs=EPOCHS):
     x, y = make_data()
     history = model.fit(x, y, validation_data=(x[48:], y[48:]), batch_size=GLOBAL_BATCH,
-                        epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks)
+                        epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return history.epoch
 
 
@@ -66,22 +67,24 @@ def train_on_worker():
     import keras_mgpu_plugins as kmp
     from keras_mgpu_plugins.callbacks import EarlyStopping
 
-    build = kmp.parallelize(build_model)
+    # One model for every run, reset to its initial weights (plain SGD keeps no state): its
+    # train and test functions are traced once, not once per run.
+    model = kmp.parallelize(build_model)()
+    initial = model.get_weights()
     out = {}
     stopper = EarlyStopping(monitor="val_loss", patience=1, restore_best_weights=True)
-    model = build()
     out["val_loss"] = {"epochs": fit(model, [stopper]), "stopped": stopper.stopped_epoch,
                        "best_epoch": stopper.best_epoch, "weights": model.get_weights()}
     for name, values in (("chief_falls", (FALLING, RISING)), ("chief_rises", (RISING, FALLING))):
         stopper = EarlyStopping(monitor="custom", mode="min", patience=0, restore_best_weights=True)
-        model = build()
-        epochs = fit(model, [per_worker_custom(values), stopper])
+        model.set_weights(initial)
+        epochs = fit(model, [per_worker_custom(values), stopper], epochs=CUSTOM_EPOCHS)
         out[name] = {"epochs": epochs, "stopped": stopper.stopped_epoch, "best": stopper.best,
                      "best_epoch": stopper.best_epoch, "weights": model.get_weights()}
     # Arguments that differ between workers: both raise in on_train_begin, nothing trains.
     stopper = EarlyStopping(monitor="val_loss", patience=1 + kmp.topology().worker_index)
     try:
-        out["differing"] = {"epochs": fit(build(), [stopper])}
+        out["differing"] = {"epochs": fit(model, [stopper])}
     except ValueError as err:
         out["differing"] = {"error": f"{type(err).__name__}: {err}"}
     return out
@@ -124,9 +127,9 @@ def test_same_decision_and_weights_as_one_process(results):
 def test_chief_value_decides_when_it_keeps_improving(results):
     # Worker 1's own value would stop it at epoch 1; the chief's never stops.
     chief, worker = results[0]["chief_falls"], results[1]["chief_falls"]
-    assert chief["epochs"] == worker["epochs"] == list(range(EPOCHS))
+    assert chief["epochs"] == worker["epochs"] == list(range(CUSTOM_EPOCHS))
     assert chief["stopped"] == worker["stopped"] == 0
-    assert chief["best"] == worker["best"] == FALLING[-1]
+    assert chief["best"] == worker["best"] == FALLING[CUSTOM_EPOCHS - 1]
     assert_bit_identical(chief["weights"], worker["weights"])
 
 

@@ -137,16 +137,17 @@ def _fail_on_worker_1(action: str, pid_dir: str, grandchild: bool = False):
 
 
 def _both_fail(pid_dir: str):
-    """Worker 1 raises first; worker 0, deaf to SIGTERM, raises 0.5 s later, during the grace."""
+    """Worker 1 raises first; worker 0 raises once it got the SIGTERM (ignored), in the grace."""
     pid_dir = pathlib.Path(pid_dir)
     index = int(os.environ["KMP_WORKER_INDEX"])
-    if index == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stopped = []
+    if index == 0:  # deaf to SIGTERM, but notes it: worker 1's failure was seen by then
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
     _write_pid(pid_dir, f"worker-{index}", os.getpid())
     while len(_pids(pid_dir)) < 2:
         time.sleep(0.02)
     if index == 0:
-        time.sleep(0.5)
+        assert _wait_until(lambda: stopped, timeout=60), "the supervisor sent no SIGTERM"
     raise ValueError(f"failure of worker {index}")
 
 

@@ -93,8 +93,11 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
-    model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[set_custom, checkpoint, record])
+    try:
+        model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
+                  callbacks=[set_custom, checkpoint, record])
+    finally:
+        _atomic.atomic_write = real_write  # the next fit of this job records its own writes
     return {
         "index": index,
         "pid": os.getpid(),
@@ -120,28 +123,45 @@ def _dead_pid():
 STALE = f".c01.kmp-tmp-{_atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
 
 
-def launch_in(tmp_path, stale=(), **kwargs):
-    folder, private_tmp = tmp_path / "ckpt", tmp_path / "tmpdir"
-    folder.mkdir()
+def train_each(jobs):
+    """One launched job for several fits (each launch costs two TensorFlow start-ups)."""
+    return [train(**job) for job in jobs]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per run: (its folder, the job's private TMPDIR, what each worker reported)."""
+    root = tmp_path_factory.mktemp("runs")
+    private_tmp = root / "tmpdir"
     private_tmp.mkdir()
-    for name in stale:
-        (folder / name).write_bytes(b"partial")
-    results = kmp.launch(train, num_workers=2, args=(str(folder),), kwargs=kwargs, timeout=200,
+    setups = {
+        "sync": ([STALE], dict(filepath="c{epoch:02d}.keras", chief_values=FALLING,
+                               other_values=RISING)),
+        "async_template": ((), dict(filepath="t{epoch:02d}.weights.h5", chief_values=RISING,
+                                    other_values=FALLING, template=True, save_weights_only=True,
+                                    async_save=True)),
+    }
+    jobs = []
+    for name, (stale, kwargs) in setups.items():
+        folder = root / name / "ckpt"
+        folder.mkdir(parents=True)
+        for stale_name in stale:
+            (folder / stale_name).write_bytes(b"partial")
+        jobs.append(dict(folder=str(folder), **kwargs))
+    results = kmp.launch(train_each, num_workers=2, args=(jobs,), timeout=200,
                          env={"TMPDIR": str(private_tmp)})
-    return folder, private_tmp, results
+    return {name: (root / name / "ckpt", private_tmp, [worker[i] for worker in results])
+            for i, name in enumerate(setups)}
 
 
 @pytest.fixture(scope="module")
-def sync_run(tmp_path_factory):
-    return launch_in(tmp_path_factory.mktemp("sync"), stale=[STALE], filepath="c{epoch:02d}.keras",
-                     chief_values=FALLING, other_values=RISING)
+def sync_run(runs):
+    return runs["sync"]
 
 
 @pytest.fixture(scope="module")
-def async_template_run(tmp_path_factory):
-    return launch_in(tmp_path_factory.mktemp("async"), filepath="t{epoch:02d}.weights.h5",
-                     chief_values=RISING, other_values=FALLING, template=True,
-                     save_weights_only=True, async_save=True)
+def async_template_run(runs):
+    return runs["async_template"]
 
 
 def assert_same_arrays(a, b):
@@ -206,37 +226,6 @@ def test_async_template_saves_once_on_the_chiefs_decision(async_template_run):
     assert_same_arrays(other["template"], chief["weights_by_epoch"][0])
 
 
-def check_unwritable(folder):
-    import keras
-
-    import keras_mgpu_plugins as kmp
-
-    @kmp.parallelize
-    def build():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-        return model
-
-    model = build()
-    path = os.path.join(folder, "a_file", "ckpt.keras") if kmp.topology().is_chief else (
-        os.path.join(folder, "fine", "ckpt.keras")  # only the chief's folder matters
-    )
-    try:
-        model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=1, verbose=0,
-                  callbacks=[kmp.callbacks.ModelCheckpoint(path)])
-    except PermissionError as err:
-        return str(err)
-    return None
-
-
-def test_unwritable_folder_stops_both_workers_before_training(tmp_path):
-    (tmp_path / "a_file").write_text("not a folder")
-    chief, other = kmp.launch(check_unwritable, num_workers=2, args=(str(tmp_path),), timeout=200)
-    assert "is not a folder" in chief and "a_file" in chief
-    assert "the chief worker cannot write there" in other
-    assert sorted(os.listdir(tmp_path)) == ["a_file"]
-
-
 def failing_saves(folder):
     """Fits whose saves fail on the chief alone; what each worker raised, and when."""
     import resource
@@ -279,6 +268,8 @@ def failing_saves(folder):
                                                    save_weights_only=True, async_save=True)),
         # would not hang (save_best_only=False), but must not be run that way
         "settings_differ": (False, dict(filepath="{epoch}.keras", mode="min" if chief else "max")),
+        # the chief's folder is a file (made by the test); only the chief's folder matters
+        "unwritable_folder": (False, dict(filepath="a_file/ckpt.keras" if chief else "fine/ckpt.keras")),
     }
     out = {}
     for case, (unwritable, kwargs) in cases.items():
@@ -306,7 +297,20 @@ def failing_saves(folder):
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory):
     folder = tmp_path_factory.mktemp("failing")
+    (folder / "unwritable_folder").mkdir()
+    (folder / "unwritable_folder" / "a_file").write_text("not a folder")
     return folder, kmp.launch(failing_saves, num_workers=2, args=(str(folder),), timeout=200)
+
+
+def test_unwritable_folder_stops_both_workers_before_training(failing):
+    folder, (chief, other) = failing
+    chief, other = chief["unwritable_folder"], other["unwritable_folder"]
+    assert chief["error"].startswith("PermissionError")
+    assert other["error"].startswith("PermissionError")
+    assert "is not a folder" in chief["error"] and "a_file" in chief["error"]
+    assert "the chief worker cannot write there" in other["error"]
+    assert chief["begun"] == other["begun"] == []  # before training
+    assert sorted(os.listdir(folder / "unwritable_folder")) == ["a_file"]
 
 
 def test_async_writer_error_on_the_chief_stops_both_workers_at_the_same_epoch(failing):

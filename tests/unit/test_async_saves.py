@@ -52,6 +52,7 @@ def fit(callbacks, epochs=3):
     return weights
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_only_the_writer_thread_creates_files(tmp_path, async_save):
     _RECORDING.clear()

@@ -93,6 +93,7 @@ def test_the_table_states_its_range():
 # --- each use, in real Keras ------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real fit
 def test_use_model_checkpoint_hooks(tmp_path):
     base = keras.callbacks.ModelCheckpoint
     for method, params in compat.KERAS_PRIVATE_HOOKS["keras.callbacks.ModelCheckpoint"].items():
@@ -119,6 +120,7 @@ def test_use_model_checkpoint_hooks(tmp_path):
     assert keras_cb.best == 0.5
 
 
+@pytest.mark.slow  # a real fit
 def test_use_saving_internals(tmp_path):
     sl = pytest.importorskip("keras.src.saving.saving_lib")
     assert list(inspect.signature(sl._save_state).parameters) == [
@@ -147,6 +149,7 @@ def test_use_saving_internals(tmp_path):
                                   model.predict(x, verbose=0))
 
 
+@pytest.mark.slow  # a real fit
 def test_use_initial_epoch():
     model, x, y = tiny_model()
     seen = Recorder(on_begin=lambda m: compat.set_initial_epoch(m, 2))
@@ -154,21 +157,6 @@ def test_use_initial_epoch():
     assert seen.epochs == [2, 3] and len(history.history["loss"]) == 2
     with pytest.raises(RuntimeError, match="_initial_epoch"):
         compat.set_initial_epoch(object(), 1)
-
-
-def test_use_monitor_op():
-    model, x, y = tiny_model()
-    model.fit(x, y, validation_data=(x, y), epochs=1, verbose=0)  # metrics built
-    for monitor, mode, minimizing in [("val_loss", "auto", True), ("val_mae", "auto", True),
-                                      ("val_mae", "max", False), ("val_thing", "min", True)]:
-        stopper = keras.callbacks.EarlyStopping(monitor=monitor, mode=mode)
-        stopper.set_model(model)
-        compat.resolve_monitor_op(stopper)
-        assert bool(stopper.monitor_op(0.0, 1.0)) is minimizing, (monitor, mode)
-    stopper = keras.callbacks.EarlyStopping(monitor="val_thing")
-    stopper.set_model(model)
-    with pytest.raises(ValueError, match="val_thing"):
-        compat.resolve_monitor_op(stopper)
 
 
 def test_use_print_msg(capsys, monkeypatch):
@@ -203,6 +191,7 @@ def test_use_async_safe(monkeypatch):
     assert BackupAndRestore("b").async_safe is True and BackupAndRestore("b", 3).async_safe is False
 
 
+@pytest.mark.slow  # a real fit
 def test_use_progbar_after_history(capsys):
     model, x, y = tiny_model()
 
@@ -222,6 +211,7 @@ def test_use_progbar_after_history(capsys):
     assert compat.hide_from_progbar(object(), lambda: []) is None  # no History: nothing wrapped
 
 
+@pytest.mark.slow  # a real fit
 def test_use_loss_tracker_rows(monkeypatch):
     model, x, y = tiny_model(rows=10)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # batches of 4, 4, 2

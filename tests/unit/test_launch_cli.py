@@ -8,6 +8,7 @@ import pytest
 
 # The module, not the function `kmp.launch` that shares its name on the package.
 launch_module = importlib.import_module("keras_mgpu_plugins.launch")
+cli_module = importlib.import_module("keras_mgpu_plugins.launch._cli")
 main = launch_module.main
 
 
@@ -16,7 +17,7 @@ def no_workers(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("no worker may start in these tests")
 
-    monkeypatch.setattr(launch_module, "_run", fail)
+    monkeypatch.setattr(cli_module, "_run", fail)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +91,7 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
         if outcome is not None:
             raise outcome
 
-    monkeypatch.setattr(launch_module, "_run", fake_run)
+    monkeypatch.setattr(cli_module, "_run", fake_run)
     codes = [main(["-n", "3", "--timeout", "9", str(script), "a"]) for _ in range(4)]
     assert codes == [5, 128 + 9, 124, 130]
     assert main(["--no-strategy", "--stall-timeout", "30", "-m", "pkg.mod", "b"]) == 0

@@ -24,9 +24,9 @@ import pytest
 
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.callbacks import _atomic, events
+from keras_mgpu_plugins.callbacks._checkpoint_io import copy_weights
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
-    copy_weights,
     encode_monitored,
     monitored_value,
 )
@@ -117,9 +117,14 @@ def test_agreed_logs_takes_the_chiefs_value_or_its_absence():
     assert logs == {"custom": 10.0, "loss": 1.0}  # the caller's logs are not changed
 
 
-def test_copy_weights_copies_values_not_variables():
+@pytest.mark.slow  # a real fit
+def test_copy_weights_copies_values_not_variables(monkeypatch):
     trained, template = get_model(seed=1), get_model(seed=5)
-    copy_weights(trained, template)
+    with monkeypatch.context() as patched:  # reads and assigns: no NumPy round trip
+        for name in ("get_weights", "set_weights"):
+            patched.setattr(keras.Model, name, lambda *a, name=name: pytest.fail(name))
+        reads = copy_weights(trained, template)
+    assert_same_arrays([np.asarray(r) for r in reads], trained.get_weights())
     assert_same_arrays(template.get_weights(), trained.get_weights())
     assert not {id(v) for v in template.weights} & {id(v) for v in trained.weights}
     fit(trained, [], epochs=1)  # training the source later does not move the copy
@@ -252,6 +257,7 @@ def keras_runs(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("case", sorted(PARITY_CASES))
 def test_same_files_content_and_messages_as_keras(case, async_save, tmp_path, capsys, keras_runs):
@@ -273,6 +279,7 @@ def test_same_files_content_and_messages_as_keras(case, async_save, tmp_path, ca
     assert warned == warned_ref
 
 
+@pytest.mark.slow  # a real fit
 def test_parity_cases_cover_saving_and_not_saving(tmp_path, capsys):
     """The cases above are not vacuous: they save, skip and name files as Keras does."""
     _, printed, warned = run_with(ModelCheckpoint, tmp_path / "a", "every_2_batches", capsys)
@@ -286,6 +293,7 @@ def test_parity_cases_cover_saving_and_not_saving(tmp_path, capsys):
     assert "val_acc improved from None to" in printed and "finished saving model" in printed
 
 
+@pytest.mark.slow  # a real fit
 def test_unknown_monitor_in_auto_mode_raises_as_keras(tmp_path):
     errors = []
     for cls in (keras.callbacks.ModelCheckpoint, ModelCheckpoint):
@@ -296,6 +304,7 @@ def test_unknown_monitor_in_auto_mode_raises_as_keras(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow  # a real fit
 def test_one_process_decides_on_the_very_logs_keras_would_see(tmp_path):
     seen = []
 
@@ -313,6 +322,7 @@ def test_one_process_decides_on_the_very_logs_keras_would_see(tmp_path):
     assert files(tmp_path) == ["1.keras", "2.keras"]
 
 
+@pytest.mark.slow  # a real fit
 def test_existing_folder_as_filepath_raises_as_keras(tmp_path):
     (tmp_path / "taken.keras").mkdir()
     messages = []
@@ -324,6 +334,7 @@ def test_existing_folder_as_filepath_raises_as_keras(tmp_path):
     assert files(tmp_path) == ["taken.keras"]
 
 
+@pytest.mark.slow  # a real fit
 def test_creates_missing_folders_and_saved_model_loads(tmp_path):
     filepath = tmp_path / "sub" / "dir" / "checkpoint.model.keras"
     model = get_model()
@@ -341,6 +352,7 @@ class CountBatches(keras.callbacks.Callback):
         CountBatches.batches += 1
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True])
 def test_unwritable_folder_fails_in_on_train_begin(tmp_path, async_save):
     (tmp_path / "a_file").write_text("not a folder")
@@ -352,6 +364,7 @@ def test_unwritable_folder_fails_in_on_train_begin(tmp_path, async_save):
     assert CountBatches.batches == 0  # raised before the first step
 
 
+@pytest.mark.slow  # a real fit
 def test_train_begin_removes_temporaries_a_killed_save_left(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid no longer runs
@@ -381,6 +394,7 @@ def gfile_files(folder):
     return sorted(tf.io.gfile.listdir(folder)) if tf.io.gfile.exists(folder) else []
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("case", ["every_epoch", "best_val_loss_named", "every_2_batches"])
 def test_remote_filepath_gets_what_keras_writes_there(case, async_save, tmp_path, capsys,
@@ -406,6 +420,7 @@ def test_remote_filepath_gets_what_keras_writes_there(case, async_save, tmp_path
     assert os.listdir(tmp_path) == []  # no local copy left behind
 
 
+@pytest.mark.slow  # a real fit
 def test_remote_legacy_h5_is_written_remotely(tmp_path, monkeypatch):
     # Keras's own callback writes a remote `.h5` to a local path spelled like the URL
     # (h5py opens "ram:/..."); ours writes it where filepath says.
@@ -420,6 +435,7 @@ def test_remote_legacy_h5_is_written_remotely(tmp_path, monkeypatch):
     assert_same_arrays(load(str(tmp_path / "m.h5"), False).get_weights(), model.get_weights())
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permission bits")
 def test_read_only_folder_fails_in_on_train_begin(tmp_path):
     folder = tmp_path / "ro"
@@ -431,6 +447,7 @@ def test_read_only_folder_fails_in_on_train_begin(tmp_path):
 # --- events ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_checkpoint_saved_event_after_the_file_is_complete(tmp_path, async_save):
     model = get_model()
@@ -455,6 +472,7 @@ def test_checkpoint_saved_event_after_the_file_is_complete(tmp_path, async_save)
         assert payload["value"] == history.history["val_acc"][payload["epoch"]]
 
 
+@pytest.mark.slow  # a real fit
 def test_event_payload_for_batch_saves_without_best(tmp_path):
     model = get_model()
     seen = []
@@ -468,6 +486,7 @@ def test_event_payload_for_batch_saves_without_best(tmp_path):
 # --- template models ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_template_gets_the_trained_weights_and_is_what_is_saved(tmp_path, async_save):
     template = keras.Sequential(
@@ -483,6 +502,7 @@ def test_template_gets_the_trained_weights_and_is_what_is_saved(tmp_path, async_
     assert_same_arrays(saved.get_weights(), trained.get_weights())
 
 
+@pytest.mark.slow  # a real fit
 def test_template_with_other_structure_fails_before_training(tmp_path):
     other = keras.Sequential([keras.Input((INPUT_DIM,)), keras.layers.Dense(4)], name="other")
     CountBatches.batches = 0
@@ -491,6 +511,7 @@ def test_template_with_other_structure_fails_before_training(tmp_path):
     assert CountBatches.batches == 0 and not os.listdir(tmp_path)
 
 
+@pytest.mark.slow  # a real fit
 def test_template_sharing_the_trained_variables_is_saved_without_copy(tmp_path):
     template = get_model()
     wrapper = keras.Sequential([keras.Input((INPUT_DIM,)), template])  # shares its layers
@@ -515,6 +536,7 @@ class Unwritable(keras.layers.Layer):
         return x
 
 
+@pytest.mark.slow  # a real fit
 def test_async_writer_error_is_raised_on_the_training_thread_at_the_next_hook(tmp_path):
     model = keras.Sequential([keras.Input((INPUT_DIM,)), Unwritable(), keras.layers.Dense(NUM_CLASSES)])
     model.compile(loss="mse", optimizer="sgd")
@@ -529,6 +551,7 @@ def test_async_writer_error_is_raised_on_the_training_thread_at_the_next_hook(tm
     assert os.listdir(tmp_path) == []  # no file at the final name, no temporary left
 
 
+@pytest.mark.slow  # a real fit
 def test_async_writer_error_surfaces_at_the_next_epoch_end_when_saves_are_epochs_apart(tmp_path):
     """save_freq=18 batches (3 epochs): saves end epochs 3 and 6; the failure must not wait for 6."""
     model = keras.Sequential([keras.Input((INPUT_DIM,)), Unwritable(), keras.layers.Dense(NUM_CLASSES)])
@@ -557,6 +580,7 @@ def test_async_writer_error_surfaces_at_the_next_epoch_end_when_saves_are_epochs
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a real fit
 def test_async_writes_one_at_a_time_and_train_end_waits(tmp_path):
     spans = []
 
@@ -576,6 +600,7 @@ def test_async_writes_one_at_a_time_and_train_end_waits(tmp_path):
     assert_same_arrays(keras.saving.load_model(tmp_path / "3.keras").get_weights(), model.get_weights())
 
 
+@pytest.mark.slow  # a real fit
 def test_a_consumer_flushing_first_gets_every_async_checkpoint(tmp_path):
     model = get_model()
     received, at_flush = [], []
@@ -597,6 +622,7 @@ def test_a_consumer_flushing_first_gets_every_async_checkpoint(tmp_path):
     assert_same_arrays(keras.saving.load_model(tmp_path / "3.keras").get_weights(), model.get_weights())
 
 
+@pytest.mark.slow  # a real fit
 def test_no_temporary_files_are_left_behind(tmp_path):
     for async_save in (False, True):
         filepath = str(tmp_path / "{epoch}-{batch}-") + f"{async_save:d}.keras"

@@ -8,6 +8,7 @@ is left under the final name.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import random
 import signal
@@ -201,23 +202,29 @@ def model_like_child():
     return model
 
 
-def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
+def start_saving(folder, name, weights_only, async_save):
+    """A child process saving `folder/name` at every batch, until it is killed."""
     script = folder / "child.py"
     script.write_text(CHILD)
-    path = folder / name
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
-    child = subprocess.Popen(
-        [sys.executable, str(script), str(path), str(int(weights_only)), str(int(async_save))],
+    return subprocess.Popen(
+        [sys.executable, str(script), str(folder / name), str(int(weights_only)), str(int(async_save))],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
+
+
+def kill_during_saves(child, folder, name, in_write, delay):
+    """Kills `child` `delay` s after its first complete checkpoint (then, if `in_write`, at
+    once when a save is under way); the checkpoint path and the temporaries left."""
+    path = folder / name
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while not path.exists():  # the first checkpoint is complete
             assert child.poll() is None, child.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the child never saved"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(delay)
         if in_write:  # wait until a save is under way, then kill at once
             while not any(_atomic.is_temp_name(n) for n in os.listdir(folder)):
                 time.sleep(0.0005)
@@ -233,11 +240,23 @@ def kill_during_saves(folder, name, weights_only, async_save, in_write, rng):
 @pytest.mark.timeout(600)
 def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
     rng = random.Random(17)  # seeded: the same kill moments every run (bounded by deadlines)
-    leftovers = 0
-    for i, (name, weights_only, async_save) in enumerate(KILL_CASES):
-        folder = tmp_path / f"case{i}"
-        folder.mkdir()
-        path, temps = kill_during_saves(folder, name, weights_only, async_save, i % 2 == 0, rng)
+    leftovers, folders, children, outcomes = 0, [], [], []
+    try:
+        for i, (name, weights_only, async_save) in enumerate(KILL_CASES):  # all start at once
+            folders.append(tmp_path / f"case{i}")
+            folders[-1].mkdir()
+            children.append(start_saving(folders[-1], name, weights_only, async_save))
+        delays = [rng.uniform(0.0, 0.5) for _ in KILL_CASES]
+        with concurrent.futures.ThreadPoolExecutor(len(KILL_CASES)) as pool:  # each at its moment
+            outcomes = list(pool.map(kill_during_saves, children, folders,
+                                     [name for name, _, _ in KILL_CASES],
+                                     [i % 2 == 0 for i in range(len(KILL_CASES))], delays))
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    for (name, weights_only, _), folder, (path, temps) in zip(KILL_CASES, folders, outcomes,
+                                                             strict=True):
         leftovers += bool(temps)
         assert path.exists()  # the checkpoint that was complete before the kill, or a newer one
         if weights_only:

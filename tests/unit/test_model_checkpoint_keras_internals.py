@@ -108,6 +108,7 @@ def h5_content(data):
     return out
 
 
+@pytest.mark.slow  # a real fit
 @pytest.mark.parametrize("kind", ["keras", "weights", "h5"])
 def test_snapshot_writes_what_keras_writes(tmp_path, kind):
     model = trained_model()
@@ -135,6 +136,7 @@ def test_snapshot_writes_what_keras_writes(tmp_path, kind):
         assert h5_content(ours.read_bytes()) == h5_content(theirs.read_bytes())
 
 
+@pytest.mark.slow  # a real fit
 def test_snapshot_reads_the_variables_without_copying_them():
     """The training thread's share of a save: reads that share the variables' buffers."""
     import tensorflow as tf

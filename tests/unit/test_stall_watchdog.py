@@ -123,6 +123,7 @@ def _tiny_fit(callbacks, **kwargs):
     return model
 
 
+@pytest.mark.slow  # a real fit
 def test_fit_publishes_heartbeats_and_stops_its_thread(tmp_path):
     watchdog = StallWatchdog(timeout=0.5, directory=str(tmp_path))  # polls every 0.05 s
     before = threading.active_count()
@@ -133,6 +134,7 @@ def test_fit_publishes_heartbeats_and_stops_its_thread(tmp_path):
     assert not (tmp_path / "stall.txt").exists()
 
 
+@pytest.mark.slow  # a real fit
 def test_add_to_every_fit_adds_one_watchdog(monkeypatch):
     import keras
 

@@ -11,7 +11,6 @@ from keras_mgpu_plugins.integrations import wandb as kmp_wandb
 from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
     batch_sizes,
-    batches_between_logs,
     checkpoint_aliases,
     format_group_id,
     worker_run_name,
@@ -21,12 +20,13 @@ from keras_mgpu_plugins.integrations.wandb import WandbLogger
 
 @pytest.mark.parametrize(("log_freq", "expected"), [("epoch", 0), ("batch", 1), (1, 1), (25, 25)])
 def test_batches_between_logs(log_freq, expected):
-    assert batches_between_logs(log_freq) == expected
+    assert WandbLogger(log_freq=log_freq).log_every == expected
 
 
 @pytest.mark.parametrize("log_freq", [0, -3, 2.5, True, "step", None])
 def test_bad_log_freq_is_refused_in_init(log_freq):
-    with pytest.raises(ValueError, match=r"Received: log_freq="):
+    with pytest.raises(ValueError, match=r'log_freq must be "epoch", "batch" or a positive '
+                                         r"integer \(a number of batches\). Received: log_freq="):
         WandbLogger(log_freq=log_freq)
 
 

@@ -1,0 +1,151 @@
+"""The `kmp-launch` command (`python -m keras_mgpu_plugins.launch`): `main`.
+
+Parses the launcher's own options (those before the script or `-m module`),
+then runs the script in N local workers through `launch._run`, and turns the
+outcome into the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from keras_mgpu_plugins.launch import _check_common, _run, _worker_environ
+from keras_mgpu_plugins.launch._errors import LaunchError, LaunchTimeoutError, WorkerFailedError
+
+_CLI_DESCRIPTION = """\
+Run a Python script (or module) in N local worker processes, as a TensorFlow
+multi-worker job on localhost.
+
+Each worker runs `script.py args...` as __main__, with TF_CONFIG describing a
+cluster of N workers on free localhost ports and this one's index, plus
+KMP_LAUNCH_WORKER=1, KMP_NUM_WORKERS=N, KMP_WORKER_INDEX=i, KMP_JOB_ID
+(one id for the whole run; the parent's value if set) and KMP_JOB_DIR (a
+private folder the workers share, removed at the end). Unless
+--no-strategy is given, each worker creates its MultiWorkerMirroredStrategy
+before the script starts (TensorFlow needs collective ops configured before
+its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the
+script creates itself, then uses it. Output lines are prefixed with
+"[worker i] ".
+
+Fail-fast: when a worker exits non-zero or dies, the others (and every process
+they started) are stopped within seconds. The exit code is 0 when every worker
+succeeds, else the first failing worker's exit code (128+N if it was killed by
+signal N), 124 when --timeout expires, and 130 on Ctrl-C.
+
+--stall-timeout SECONDS adds kmp.callbacks.StallWatchdog(timeout=SECONDS) to
+every model.fit in every worker (a fit that has its own keeps it): when no
+worker makes progress for that long, each prints its Python stacks and the
+job fails (exit code 70), naming the stuck worker."""
+
+_CLI_EPILOG = """\
+examples:
+  kmp-launch -n 2 train.py --epochs 3
+  kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
+  kmp-launch -n 2 --stall-timeout 300 train.py
+  python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
+
+_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout")
+
+
+def _positive(kind: type, flag: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            what = "integer" if kind is int else "number"
+            raise argparse.ArgumentTypeError(f"must be a positive {what}. Received: {flag}={text}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
+        usage="kmp-launch [-n N] [--timeout SECONDS] [--stall-timeout SECONDS] "
+              "[--no-strategy] "
+              "(script.py | -m module) [args ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-n", "--num-workers", type=_positive(int, "-n"), default=2, metavar="N",
+                        help="number of worker processes (default: 2)")
+    parser.add_argument("--timeout", type=_positive(float, "--timeout"), metavar="SECONDS",
+                        help="stop every worker and exit with code 124 after this many seconds")
+    parser.add_argument("--stall-timeout", type=_positive(float, "--stall-timeout"),
+                        metavar="SECONDS",
+                        help="add kmp.callbacks.StallWatchdog(timeout=SECONDS) to every "
+                             "model.fit in every worker")
+    parser.add_argument("--no-strategy", action="store_true",
+                        help="do not create the multi-worker strategy before the script starts")
+    parser.add_argument("-m", dest="module", metavar="module",
+                        help="run a module as a script (as `python -m module`)")
+    parser.add_argument("script", nargs="?", help="the script each worker runs")
+    parser.add_argument("args", nargs="*", help="arguments passed to the script or module")
+    return parser
+
+
+def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Splits the launcher's options from the script's: the script (or `-m module`) ends them."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m" or arg == "--":
+            return list(argv[: i + 2]), list(argv[i + 2:])
+        if arg.startswith("-m"):  # -mmodule
+            return list(argv[: i + 1]), list(argv[i + 1:])
+        if not arg.startswith("-") or arg == "-":
+            return list(argv[: i + 1]), list(argv[i + 1:])
+        i += 2 if arg in _VALUE_OPTIONS else 1
+    return list(argv), []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `kmp-launch` and `python -m keras_mgpu_plugins.launch`.
+
+    Args:
+        argv: Command-line arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The process exit code (see `kmp-launch --help`).
+    """
+    own, rest = _split_argv(list(sys.argv[1:] if argv is None else argv))
+    parser = _parser()
+    try:
+        options = parser.parse_args(own)
+        if (options.script is None) == (options.module is None):
+            parser.error("give exactly one of a script or -m module. "
+                         f"Received: script={options.script!r}, -m={options.module!r}")
+    except SystemExit as exit_:  # --help, or a usage error argparse already printed
+        return exit_.code if isinstance(exit_.code, int) else 0
+    if options.script is not None and not os.path.isfile(options.script):
+        print(f"kmp-launch: can't open file {options.script!r}: no such file. "
+              f"Received: script={options.script!r}", file=sys.stderr)
+        return 2
+    spec = {"mode": "script" if options.module is None else "module",
+            "target": options.script or options.module, "argv": [*options.args, *rest],
+            "create_strategy": not options.no_strategy, "stall_timeout": options.stall_timeout}
+    try:
+        _check_common(options.num_workers, options.timeout)
+        _run(spec, options.num_workers, options.timeout, _worker_environ(None))
+    except WorkerFailedError as err:
+        print(f"kmp-launch: {err.summary}", file=sys.stderr)
+        code = err.exitcode or 1
+        return 128 - code if code < 0 else code
+    except LaunchTimeoutError as err:
+        print(f"kmp-launch: {err}", file=sys.stderr)
+        return 124
+    except LaunchError as err:
+        print(f"kmp-launch: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kmp-launch: interrupted; all workers were stopped.", file=sys.stderr)
+        return 130
+    return 0
+
