@@ -190,10 +190,11 @@ def keras_habits_run(strategy):
             "predict": model.predict(x, batch_size=8, verbose=0)}
 
 
-def xla_and_accumulation_run(strategy, jit_compile=True, accumulation=None, steps_per_execution=1):
+def xla_and_accumulation_run(strategy, jit_compile=True, accumulation=None, steps_per_execution=1,
+                             **optimizer_kwargs):
     """fit (with validation) and evaluate with `jit_compile` and the optimizer's
-    `gradient_accumulation_steps=accumulation`; `xla` says, for each trace of the model's
-    forward pass in training, whether XLA compiled it."""
+    `gradient_accumulation_steps=accumulation` (and `optimizer_kwargs`: clipping, EMA); `xla`
+    says, for each trace of the model's forward pass in training, whether XLA compiled it."""
     import keras
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
@@ -210,7 +211,7 @@ def xla_and_accumulation_run(strategy, jit_compile=True, accumulation=None, step
 
     build = model_factory(steps_per_execution, probe=XlaProbe,
                           jit_compile=jit_compile, optimizer=lambda: keras.optimizers.SGD(
-                              0.05, gradient_accumulation_steps=accumulation))
+                              0.05, gradient_accumulation_steps=accumulation, **optimizer_kwargs))
     x, y = make_data(64)
     model = kmp.parallelize(strategy=strategy)(build)()
     history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
