@@ -247,8 +247,9 @@ def assert_close(got, want, atol=1e-5, what=""):
 
 
 def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")):
-    """A Python generator (steps_per_epoch shorter than it), a PyDataset with workers, dict
-    inputs to a two-input, two-output model: the weights after each.
+    """A Python generator (steps_per_epoch shorter than it), a PyDataset with workers (threads;
+    `py_dataset_processes`: forked processes), dict inputs to a two-input, two-output model: the
+    weights after each.
 
     The tests run `kinds=("dict_multi_io",)` only: in one process, after the generator and
     PyDataset runs of this function, 2-device runs were seen to end 0.05-0.3 off one device,
@@ -280,6 +281,10 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
         model = kmp.parallelize(strategy=strategy)(model_factory())()
         model.fit(Batches(workers=2), epochs=2, verbose=0, shuffle=False)
         runs["py_dataset"] = model.get_weights()
+    if "py_dataset_processes" in kinds:  # forked data workers (kmp's SIGTERM patch on 2 workers)
+        model = kmp.parallelize(strategy=strategy)(model_factory())()
+        model.fit(Batches(workers=2, use_multiprocessing=True), epochs=2, verbose=0, shuffle=False)
+        runs["py_dataset_processes"] = model.get_weights()
 
     def two_in_two_out():
         a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
