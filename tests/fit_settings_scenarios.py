@@ -223,15 +223,27 @@ def xla_and_accumulation_run(strategy, jit_compile=True, accumulation=None, step
 
 def refused_settings(strategy):
     """The message each setting kmp cannot make equivalent raises at the first fit."""
+    import keras
+
     import keras_mgpu_plugins as kmp
 
     x, y = make_data()
     messages = {}
+
+    def float16_accumulation():
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            return kmp.parallelize(strategy=strategy)(model_factory(optimizer=lambda: keras.optimizers.SGD(
+                0.05, gradient_accumulation_steps=2)))()
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
     for name, build in {
         "jit_compile_custom_train_step": lambda: kmp.parallelize(strategy=strategy)(
             custom_train_step_factory(jit_compile=True))(),
         "jit_compile_sync_batchnorm": lambda: kmp.parallelize(strategy=strategy, sync_batchnorm=True)(
             model_factory(batchnorm=True, jit_compile=True))(),
+        "mixed_float16_accumulation": float16_accumulation,
     }.items():
         try:
             build().fit(x, y, batch_size=BATCH, epochs=1, verbose=0)

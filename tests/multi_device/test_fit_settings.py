@@ -251,8 +251,12 @@ def test_settings_kmp_cannot_make_equivalent_are_refused_by_name():
     assert "jit_compile=True" in custom and "Custom.train_step" in custom and "MirroredStrategy" in custom
     synced = messages["jit_compile_sync_batchnorm"]
     assert "jit_compile=True" in synced and "sync_batchnorm=False" in synced
+    mixed = messages["mixed_float16_accumulation"]
+    assert "gradient_accumulation_steps=2" in mixed and "LossScaleOptimizer" in mixed
+    assert "MirroredStrategy" in mixed and "mixed_bfloat16" in mixed
     assert s.refused_settings("default") == {"jit_compile_custom_train_step": None,
-                                             "jit_compile_sync_batchnorm": None}
+                                             "jit_compile_sync_batchnorm": None,
+                                             "mixed_float16_accumulation": None}
 
 
 def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_device():
