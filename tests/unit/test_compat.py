@@ -287,7 +287,7 @@ def test_names_the_fit_setting_patches_use_are_there():
 
 
 POOL_EXITS = """
-import ctypes, signal, threading
+import ctypes, signal
 from keras.src.trainers.data_adapters import py_dataset_adapter as adapter
 from keras_mgpu_plugins import compat
 if {patched}:
@@ -302,10 +302,10 @@ class One(keras.utils.PyDataset):
 enqueuer = adapter.OrderedEnqueuer(One(), workers=2, use_multiprocessing=True)
 pool = enqueuer._get_executor_init(2)({{}})
 assert pool.apply_async(int, ("7",)).get(timeout=60) == 7  # the workers run
-stopper = threading.Thread(target=pool.terminate, daemon=True)  # SIGTERM, then join
-stopper.start()
-stopper.join(timeout={deadline})
-print("stopped" if not stopper.is_alive() else "stuck", flush=True)
+worker = pool._pool[0]
+worker.terminate()  # SIGTERM: what multiprocessing sends the pool's workers at shutdown
+worker.join(timeout={deadline})
+print("stopped" if worker.exitcode is not None else "stuck", flush=True)
 import os
 for worker in pool._pool:  # the stuck ones would hold the output pipe open
     if worker.exitcode is None:
