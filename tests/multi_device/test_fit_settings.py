@@ -245,6 +245,13 @@ def test_ema_overwrite_matches_one_device(accumulation):
     assert_same_run(two, one)
 
 
+def test_ema_overwrite_fails_under_mirrored_without_the_patch(no_clip_patch):
+    """Keras's overwrite cond (replica context) updates mirrored variables: drop the EMA part of
+    clip_after_all_reduce when this stops failing."""
+    with pytest.raises(RuntimeError, match="merge_call"):
+        s.xla_and_accumulation_run("mirrored", jit_compile=False, **EMA)
+
+
 def test_settings_kmp_cannot_make_equivalent_are_refused_by_name():
     messages = s.refused_settings("mirrored")
     custom = messages["jit_compile_custom_train_step"]
