@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins._compat_optim import clips, overwrite_with_ema
 from keras_mgpu_plugins._compat_trainer import distributing
 
 # --- gradient_accumulation_steps: the update's merge_call runs inside a replica-context cond ---
@@ -35,7 +36,10 @@ def patch_gradient_accumulation() -> Any:
     applies them (weight decay, `update_step`, accumulators reset), or stores
     the running sums. Each replica's loss is already scaled by
     1/replicas, so the all-reduced sum is the update one device computes by
-    accumulating the same global micro-batches.
+    accumulating the same global micro-batches. With clipping set, each
+    micro-batch's gradients are all-reduced first (the accumulators then hold
+    global sums) so that the global update is clipped, not each replica's share;
+    the EMA overwrite's `cond` runs cross-replica (`_compat_optim`).
     """
     import tensorflow as tf
     from keras.src import backend
@@ -51,24 +55,21 @@ def patch_gradient_accumulation() -> Any:
         steps = self.gradient_accumulation_steps
         accumulators = [self._accumulated_gradients[self._get_variable_index(v)].value
                         for v in trainable_variables]
+        if clips(self):  # clip the global sum, as one device does: all-reduce each micro-batch
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, list(grads))
         sums = [tf.convert_to_tensor(g) + a for g, a in zip(grads, accumulators, strict=True)]
         shares = self._clip_gradients([s / steps for s in sums])
         context.merge_call(_apply_or_accumulate,
                            args=(self, list(trainable_variables), accumulators, sums, shares))
         if self.use_ema:  # as upstream does after its cond
             self._update_model_variables_moving_average(self._trainable_variables)
-            if self.ema_overwrite_frequency:
-                tf.cond(
-                    (self.iterations + 1) % self.ema_overwrite_frequency == 0,
-                    lambda: self._overwrite_model_variables_with_average_value(
-                        self._trainable_variables),
-                    lambda: None)
+            overwrite_with_ema(self, context)
 
     def _apply_or_accumulate(distribution, optimizer, keras_variables, accumulators, sums, shares):
         variables = [v.value if isinstance(v, backend.Variable) else v for v in keras_variables]
 
         def apply():
-            reduced = distribution.extended.batch_reduce_to(
+            reduced = shares if clips(optimizer) else distribution.extended.batch_reduce_to(
                 tf.distribute.ReduceOp.SUM, list(zip(shares, variables, strict=True)))
             if optimizer.weight_decay is not None:
                 for keras_variable, variable in zip(keras_variables, variables, strict=True):

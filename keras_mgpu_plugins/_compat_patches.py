@@ -3,7 +3,8 @@
 Each patch names the upstream issue it works around and the Keras versions it
 is known for (it is applied only there), and is tested by a real multi-worker
 run that fails without it (`tests/multi_worker/test_fit.py`). The patches
-themselves live in `_compat_trainer`, `_compat_loss_scale` and `_compat_fit`.
+themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
+`_compat_optim` and `_compat_data`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any
 
 from packaging.version import Version
 
+from keras_mgpu_plugins._compat_data import (
+    patch_py_dataset_pool_sigterm,
+    pool_initializer_keeps_sigterm,
+)
 from keras_mgpu_plugins._compat_fit import (
     accumulation_merges_inside_cond,
     jit_compiles_the_distributed_step,
@@ -25,6 +30,7 @@ from keras_mgpu_plugins._compat_loss_scale import (
     loss_scale_takes_first_replica,
     patch_loss_scale_finiteness,
 )
+from keras_mgpu_plugins._compat_optim import clips_before_all_reduce, patch_clip_after_all_reduce
 from keras_mgpu_plugins._compat_trainer import (
     multi_step_conds_the_step,
     patch_reduce_per_replica,
@@ -119,6 +125,28 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_gradient_accumulation,
         present=accumulation_merges_inside_cond,
+    ),
+    # Wraps the accumulation patch's `_backend_apply_gradients` (it handles accumulation itself).
+    # Clipping: no keras-team/keras issue found; tensorflow/tensorflow#33929 is the closest
+    # (tf.keras refused clipping under a strategy for this reason). It also runs the EMA
+    # overwrite's cond cross-replica (no upstream issue found). Checked on Keras 3.15.
+    Patch(
+        name="clip_after_all_reduce",
+        upstream="https://github.com/tensorflow/tensorflow/issues/33929",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_clip_after_all_reduce,
+        present=clips_before_all_reduce,
+    ),
+    # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
+    # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
+    Patch(
+        name="py_dataset_pool_default_sigterm",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/data_adapters/py_dataset_adapter.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_py_dataset_pool_sigterm,
+        present=pool_initializer_keeps_sigterm,
     ),
     Patch(
         name="jit_compile_per_replica",

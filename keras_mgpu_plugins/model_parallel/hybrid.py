@@ -71,23 +71,8 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
                               scope=lambda: placing_scope(strategy),
                               check_plan=lambda plan: _same_plan(plan, strategy))
         WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
-        _refuse_accumulation(model)
         _compile_in_scope(model, strategy)
     return model
-
-
-def _refuse_accumulation(model: Any) -> None:
-    """Gradient accumulation is refused up front, naming the alternatives."""
-    steps = getattr(getattr(model, "optimizer", None), "gradient_accumulation_steps", None)
-    if steps:
-        raise ValueError(
-            f"An optimizer with gradient_accumulation_steps={steps} is not supported with "
-            "strategy='hybrid' on several workers (Keras all-reduces the gradients inside the "
-            "accumulation's cond, which the multi-worker strategy cannot do). Received: "
-            f"gradient_accumulation_steps={steps}. Use micro_batches={steps} (each batch in "
-            f"{steps} pieces, one update: the memory of one piece's activations) or a "
-            f"{steps}x larger global batch."
-        )
 
 
 def _compile_in_scope(model: Any, strategy: Any) -> None:
@@ -100,9 +85,7 @@ def _compile_in_scope(model: Any, strategy: Any) -> None:
         with contextlib.ExitStack() as stack:
             if not tf.distribute.has_strategy():
                 stack.enter_context(placing_scope(strategy))
-            result = original(*args, **kwargs)
-        _refuse_accumulation(model)
-        return result
+            return original(*args, **kwargs)
 
     model.compile = compile
 

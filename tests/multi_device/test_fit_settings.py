@@ -194,14 +194,76 @@ def test_gradient_accumulation_fails_under_mirrored_without_the_patch(no_accumul
         s.xla_and_accumulation_run("mirrored", jit_compile=False, accumulation=2)
 
 
+CLIPPING = ({"global_clipnorm": 0.5}, {"clipnorm": 0.2}, {"clipvalue": 0.1})
+
+
+def largest_difference(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a["weights"], b["weights"], strict=True))
+
+
+@pytest.mark.parametrize("clipping", CLIPPING, ids=lambda c: next(iter(c)))
+def test_clipping_clips_the_all_reduced_gradient_as_one_device(clipping):
+    """Clipping is active: without the patch the same runs differ (test below)."""
+    one = s.xla_and_accumulation_run("default", jit_compile=False, **clipping)
+    assert_same_run(s.xla_and_accumulation_run("mirrored", jit_compile=False, **clipping), one)
+
+
+def test_clipping_with_accumulation_and_xla_clips_the_global_update():
+    settings = {"global_clipnorm": 0.5, "accumulation": 2}
+    one = s.xla_and_accumulation_run("default", **settings)
+    assert_same_run(s.xla_and_accumulation_run("mirrored", **settings), one)
+
+
+@pytest.fixture
+def no_clip_patch(monkeypatch):
+    without_patch(monkeypatch, "clip_after_all_reduce")
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+def test_clipping_differs_from_one_device_without_the_patch(no_clip_patch):
+    """Keras clips each replica's gradient before the all-reduce: drop the patch when this
+    stops differing (tensorflow/tensorflow#33929 is the closest upstream report)."""
+    for clipping in CLIPPING:
+        one = s.xla_and_accumulation_run("default", jit_compile=False, **clipping)
+        two = s.xla_and_accumulation_run("mirrored", jit_compile=False, **clipping)
+        assert largest_difference(two, one) > 1e-3, clipping
+
+
+EMA = {"use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3}
+
+
+@pytest.mark.parametrize("accumulation", [None, 2])
+def test_ema_overwrite_matches_one_device(accumulation):
+    one = s.xla_and_accumulation_run("default", jit_compile=False, accumulation=accumulation, **EMA)
+    if accumulation is None:
+        no_ema = s.xla_and_accumulation_run("default", jit_compile=False)
+        assert largest_difference(one, no_ema) > 1e-3  # the overwrite happened
+    two = s.xla_and_accumulation_run("mirrored", jit_compile=False, accumulation=accumulation, **EMA)
+    assert_same_run(two, one)
+
+
+def test_ema_overwrite_fails_under_mirrored_without_the_patch(no_clip_patch):
+    """Keras's overwrite cond (replica context) updates mirrored variables: drop the EMA part of
+    clip_after_all_reduce when this stops failing."""
+    with pytest.raises(RuntimeError, match="merge_call"):
+        s.xla_and_accumulation_run("mirrored", jit_compile=False, **EMA)
+
+
 def test_settings_kmp_cannot_make_equivalent_are_refused_by_name():
     messages = s.refused_settings("mirrored")
     custom = messages["jit_compile_custom_train_step"]
     assert "jit_compile=True" in custom and "Custom.train_step" in custom and "MirroredStrategy" in custom
     synced = messages["jit_compile_sync_batchnorm"]
     assert "jit_compile=True" in synced and "sync_batchnorm=False" in synced
+    mixed = messages["mixed_float16_accumulation"]
+    assert "gradient_accumulation_steps=2" in mixed and "LossScaleOptimizer" in mixed
+    assert "MirroredStrategy" in mixed and "mixed_bfloat16" in mixed
     assert s.refused_settings("default") == {"jit_compile_custom_train_step": None,
-                                             "jit_compile_sync_batchnorm": None}
+                                             "jit_compile_sync_batchnorm": None,
+                                             "mixed_float16_accumulation": None}
 
 
 def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_device():

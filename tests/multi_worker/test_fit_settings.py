@@ -25,11 +25,17 @@ def on_each_worker():
         "xla": s.xla_and_accumulation_run("auto"),
         "accumulation": s.xla_and_accumulation_run("auto", jit_compile=False, **ACCUMULATION),
         "inputs": s.input_types_run("auto", ("dict_multi_io",)),
+        "clip_ema": s.xla_and_accumulation_run("auto", jit_compile=False, **CLIP_EMA),
+        "clip_accumulation": s.xla_and_accumulation_run("auto", **CLIP_ACCUMULATION),
+        # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
+        "processes": s.input_types_run("auto", ("py_dataset_processes",)),
     }
 
 
 LOUD = {"scale_y": 30.0, "lr": 1e-4, "loud_half": 30.0}  # worker 1's half overflows float16
 ACCUMULATION = {"accumulation": 3, "steps_per_execution": 4}  # updates straddle executions
+CLIP_EMA = {"global_clipnorm": 0.5, "use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3}
+CLIP_ACCUMULATION = {"clipvalue": 0.1, "accumulation": 2}  # with XLA
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +45,8 @@ def workers():
 
 def test_workers_agree_bit_for_bit(workers):
     first, second = workers
-    for key in ("steps_per_execution", "sync_batchnorm", "mixed_spe", "habits", "xla", "accumulation"):
+    for key in ("steps_per_execution", "sync_batchnorm", "mixed_spe", "habits", "xla", "accumulation",
+                "clip_ema", "clip_accumulation"):
         for a, b in zip(first[key]["weights"], second[key]["weights"], strict=True):
             assert np.array_equal(a, b), key
     assert first["steps_per_execution"]["history"] == second["steps_per_execution"]["history"]
@@ -122,3 +129,21 @@ def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_process(worker
         s.assert_close(got["inputs"]["dict_multi_io"], one["dict_multi_io"])
         for key, values in one["dict_multi_io_history"].items():
             np.testing.assert_allclose(got["inputs"]["dict_multi_io_history"][key], values, atol=1e-5)
+
+
+def test_clipping_and_ema_overwrite_match_one_device(workers):
+    """Clipped after the all-reduce (global_clipnorm, clipvalue with accumulation and XLA), the
+    EMA overwrite in the cross-replica context: as one device."""
+    for key, settings in (("clip_ema", {"jit_compile": False, **CLIP_EMA}),
+                          ("clip_accumulation", CLIP_ACCUMULATION)):
+        one = s.xla_and_accumulation_run("default", **settings)
+        for got in workers:
+            assert_same_run(got[key], one)
+
+
+def test_py_dataset_with_forked_workers_ends_and_trains_as_one_process(workers):
+    """PyDataset(use_multiprocessing=True) on 2 workers: both processes exit (the launch
+    returned) and train on the data one process trains on."""
+    one = s.input_types_run("default", ("py_dataset_processes",))
+    for got in workers:
+        s.assert_close(got["processes"]["py_dataset_processes"], one["py_dataset_processes"])

@@ -267,12 +267,60 @@ def test_names_the_fit_setting_patches_use_are_there():
         "self", "grads", "trainable_variables"]
     for name in ("_clip_gradients", "_get_variable_index", "_use_weight_decay",
                  "_update_model_variables_moving_average",
-                 "_overwrite_model_variables_with_average_value"):
+                 "_overwrite_model_variables_with_average_value", "_all_reduce_sum_gradients",
+                 "_apply_weight_decay", "_backend_update_step"):
         assert callable(getattr(optimizer, name)), name
     opt = keras.optimizers.SGD(gradient_accumulation_steps=2)
     opt.build([keras.Variable(1.0)])
     assert len(opt._accumulated_gradients) == 1 and int(opt._iterations) == 0
     assert isinstance(StatelessScope().state_mapping, dict)
+
+
+POOL_EXITS = """
+import ctypes, signal
+from keras.src.trainers.data_adapters import py_dataset_adapter as adapter
+from keras_mgpu_plugins import compat
+if {patched}:
+    compat.patch_keras()
+# What TensorFlow's preemption notifier does under MultiWorkerMirroredStrategy: a SIGTERM
+# handler installed outside Python (here: ignore), which Python still reports as SIG_DFL.
+ctypes.CDLL(None).signal(signal.SIGTERM, ctypes.c_void_p(1))  # SIG_IGN
+assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+class One(keras.utils.PyDataset):
+    def __len__(self):
+        return 1
+enqueuer = adapter.OrderedEnqueuer(One(), workers=2, use_multiprocessing=True)
+pool = enqueuer._get_executor_init(2)({{}})
+assert pool.apply_async(int, ("7",)).get(timeout=60) == 7  # the workers run
+worker = pool._pool[0]
+worker.terminate()  # SIGTERM: what multiprocessing sends the pool's workers at shutdown
+worker.join(timeout={deadline})
+print("stopped" if worker.exitcode is not None else "stuck", flush=True)
+import os
+for worker in pool._pool:  # the stuck ones would hold the output pipe open
+    if worker.exitcode is None:
+        os.kill(worker.pid, signal.SIGKILL)
+os._exit(0)
+"""
+
+
+def pool_exits(patched, deadline):
+    import subprocess
+    import sys
+
+    code = "import keras\n" + POOL_EXITS.format(patched=patched, deadline=deadline)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_py_dataset_pool_workers_stop_on_sigterm_under_a_foreign_handler():
+    """py_dataset_pool_default_sigterm: Keras's forked PyDataset workers inherit a SIGTERM
+    handler set outside Python (TensorFlow's, on several workers) and the pool's shutdown waits
+    for them forever; patched, they stop. tests/multi_worker/test_fit_settings.py runs it on 2
+    workers."""
+    assert pool_exits(patched=True, deadline=120) == "stopped"
+    assert pool_exits(patched=False, deadline=10) == "stuck"  # drop the patch when this stops
 
 
 def test_the_code_each_patch_fixes_is_in_the_installed_keras():
