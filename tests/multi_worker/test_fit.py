@@ -249,6 +249,7 @@ def test_patch_keras_is_idempotent_and_version_guarded():
     assert compat.patch_keras() == first
     assert set(first) == {p.name for p in compat.PATCHES}
     for patch in compat.PATCHES:
-        assert patch.upstream.startswith("https://github.com/keras-team/keras/")
+        assert patch.upstream.startswith(("https://github.com/keras-team/keras/",
+                                          "https://github.com/tensorflow/tensorflow/"))
         assert patch.applies_to("3.15.1")
         assert not patch.applies_to(patch.max_version)
