@@ -49,3 +49,55 @@ def pool_initializer_keeps_sigterm() -> bool | None:
     return (source_has(py_dataset_adapter.OrderedEnqueuer._get_executor_init,
                        "initializer=init_pool_generator")
             and not source_has(py_dataset_adapter.init_pool_generator, "SIGTERM"))
+
+
+def patch_numpy_function_owned_outputs() -> Any:
+    """A `numpy_function`'s outputs (every batch of `fit(generator)` and `fit(PyDataset)`) can be overwritten in place.
+
+    TensorFlow turns a NumPy array a `tf.numpy_function` returns into a tensor
+    without a copy when its data is 64-byte aligned: the tensor's buffer is
+    the caller's memory, marked as not owned so that no op writes into it.
+    `tf.data.Dataset.from_generator`, which Keras uses for Python generators
+    and `PyDataset`, returns the generator's arrays this way. When a
+    MirroredStrategy splits such a batch between its replicas, the first
+    replica's part is a zero-copy slice whose buffer TensorFlow takes for
+    owned memory (`Tensor::RefCountIsOne` asks the slice, not the memory's
+    owner), so an elementwise op whose input is used nowhere else
+    (`y_pred - y_true` in the loss) writes its output into it, that is into
+    the user's array. Measured with TensorFlow 2.21 on 2 simulated devices:
+    the first replica's targets of each batch became the loss's intermediate
+    values, in the user's `y`, and every later epoch, and every later model
+    trained on that `y`, trained on them (weights 0.05-0.3 away from one
+    device). It depends on where the allocator put the array, so it came and
+    went with garbage collection. One device does not show it, with or
+    without a slice in the step (measured).
+
+    Each NumPy array a Python function of `tf.numpy_function` (or
+    `from_generator`) returns is now copied before TensorFlow takes it: the
+    copy belongs to TensorFlow alone, so a write into it harms nobody. The
+    values do not change; the cost is one copy per batch, as for an array
+    that is not aligned.
+    """
+    import numpy as np
+    from tensorflow.python.ops import script_ops
+
+    original = script_ops.FuncRegistry.__dict__["__call__"]
+
+    def owned(value: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.dtype != object:  # strings are copied anyway
+            return value.copy()
+        return value
+
+    def __call__(self, token, device, args):
+        ret = original(self, token, device, args)
+        return [owned(v) for v in ret] if isinstance(ret, list) else owned(ret)
+
+    script_ops.FuncRegistry.__call__ = __call__
+    return lambda: setattr(script_ops.FuncRegistry, "__call__", original)
+
+
+def numpy_function_aliases_outputs() -> bool | None:
+    from tensorflow.python.ops import script_ops
+
+    return (source_has(script_ops.FuncRegistry.__call__, "return self._convert(ret)")
+            and source_has(script_ops.FuncRegistry._convert, "np_asarray(value"))

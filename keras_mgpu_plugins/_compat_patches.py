@@ -1,7 +1,7 @@
 """The Keras patches: the `Patch` record, the `PATCHES` table, `patch_keras` / `unpatch_keras`.
 
-Each patch names the upstream issue it works around and the Keras versions it
-is known for (it is applied only there), and is tested by a real multi-worker
+Each patch names the upstream issue it works around and the Keras (or, for a
+TensorFlow bug, TensorFlow) versions it is known for (it is applied only there), and is tested by a real multi-worker
 run that fails without it (`tests/multi_worker/test_fit.py`). The patches
 themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
 `_compat_optim` and `_compat_data`.
@@ -17,6 +17,8 @@ from typing import Any
 from packaging.version import Version
 
 from keras_mgpu_plugins._compat_data import (
+    numpy_function_aliases_outputs,
+    patch_numpy_function_owned_outputs,
     patch_py_dataset_pool_sigterm,
     pool_initializer_keeps_sigterm,
 )
@@ -41,6 +43,7 @@ from keras_mgpu_plugins._compat_trainer import (
 )
 
 _lock = threading.Lock()
+_LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow"}
 #: The patches in force: name -> the function undoing it.
 _applied: dict[str, Any] = {}
 _warned_patches: set[str] = set()
@@ -53,12 +56,14 @@ class Patch:
     Attributes:
         name: Its name, as `patch_keras()` returns it.
         upstream: The upstream issue.
-        min_version: First Keras version with the code it fixes (read from the
-            released sources); older ones do not have that code.
+        min_version: First version of `library` with the code it fixes (read from
+            the released sources); older ones do not have that code.
         max_version: First version nobody has checked (exclusive).
         apply: Applies it; returns a function that undoes it.
-        present: Whether the installed Keras still has the code it fixes
+        present: Whether the installed library still has the code it fixes
             (`None` when its source cannot be read).
+        library: Whose versions `min_version`/`max_version` are: "keras" or
+            "tensorflow" (a TensorFlow bug that Keras's `fit` runs into).
     """
 
     name: str
@@ -67,6 +72,16 @@ class Patch:
     max_version: str  # exclusive: the first version not known to need it
     apply: Callable[[], Any]
     present: Callable[[], bool | None] = lambda: None
+    library: str = "keras"
+
+    def installed_version(self) -> str:
+        if self.library == "tensorflow":
+            import tensorflow as tf
+
+            return tf.__version__
+        import keras
+
+        return keras.__version__
 
     def applies_to(self, version: str) -> bool:
         v = Version(version)
@@ -156,6 +171,19 @@ PATCHES: tuple[Patch, ...] = (
         apply=patch_jit_compile,
         present=jit_compiles_the_distributed_step,
     ),
+    # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
+    # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares
+    # its memory). Run-tested on TensorFlow 2.21 only; applied from the oldest TensorFlow this
+    # package supports while `FuncRegistry` still hands the caller's arrays over.
+    Patch(
+        name="numpy_function_owned_outputs",
+        upstream="https://github.com/tensorflow/tensorflow/issues/59729",
+        min_version="2.16.0",
+        max_version="2.22.0",
+        apply=patch_numpy_function_owned_outputs,
+        present=numpy_function_aliases_outputs,
+        library="tensorflow",
+    ),
 )
 
 
@@ -193,11 +221,12 @@ def check_keras_for_distribution() -> None:
 
 
 def patch_keras() -> list[str]:
-    """Applies the Keras workarounds known for the installed version. Idempotent.
+    """Applies the Keras (and TensorFlow) workarounds known for the installed versions. Idempotent.
 
     Only the TensorFlow backend is patched; other backends are left untouched.
-    A patch applies from its `min_version` (older Keras lacks the code it fixes)
-    while the installed Keras still has that code (`Patch.present`). On a Keras
+    A patch applies from its `min_version` (an older Keras, or TensorFlow for a
+    TensorFlow patch, lacks the code it fixes) while the installed one still
+    has that code (`Patch.present`). On a version
     newer than the versions it was checked for, it applies with one warning if
     the code is still there, and is skipped with one warning if it is gone (an
     upstream fix, or a change to check).
@@ -214,20 +243,21 @@ def patch_keras() -> list[str]:
 
     if keras.backend.backend() != "tensorflow":
         return []
-    version = keras.__version__
     with _lock:
         for patch in PATCHES:
+            version = patch.installed_version()
             if patch.name in _applied or Version(version) < Version(patch.min_version):
                 continue
             present = patch.present()
             checked = patch.applies_to(version)
+            library = _LIBRARY_NAMES[patch.library]
             if present is False or (present is None and not checked):
-                _warn_patch(patch, f"Keras {version} no longer has the code it fixes "
+                _warn_patch(patch, f"{library} {version} no longer has the code it fixes "
                                    f"({'changed' if present is False else 'unreadable'}); not "
                                    "applied. If multi-worker fit fails, please report it.")
                 continue
             if not checked:
-                _warn_patch(patch, f"Keras {version} still has the code it fixes; applied.")
+                _warn_patch(patch, f"{library} {version} still has the code it fixes; applied.")
             _applied[patch.name] = patch.apply()
         return list(_applied)
 
@@ -238,7 +268,8 @@ def _warn_patch(patch: Patch, what: str) -> None:
     key = f"patch:{patch.name}"
     if key not in _warned_patches:
         _warned_patches.add(key)
-        warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for Keras "
+        warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for "
+                      f"{_LIBRARY_NAMES[patch.library]} "
                       f">={patch.min_version},<{patch.max_version}; {what}", UserWarning,
                       stacklevel=3)
 

@@ -5,14 +5,16 @@ in private modules, each under ~300 lines:
 
 - `_compat_patches`: the patches. `Patch`, the `PATCHES` table, `patch_keras()`
   / `unpatch_keras()`, `check_keras_for_distribution()`. Each patch names the
-  upstream issue it works around, the Keras versions it is known for (it is
-  applied only there), and is tested by a real multi-worker run that fails
-  without it (`tests/multi_worker/test_fit.py`). The patches themselves are in
+  upstream issue it works around, the Keras versions it is known for (or
+  TensorFlow's, `Patch.library`; it is applied only there), and is tested by a
+  real run that fails without it (`tests/multi_worker/test_fit.py`,
+  `tests/multi_device/test_fit_settings.py`). The patches themselves are in
   `_compat_trainer` (symbolic build, scalar log reduce, `steps_per_execution`;
   also `distributing`, `refuse_unsupported_settings`), `_compat_loss_scale`,
   `_compat_fit` (`jit_compile=True`, `gradient_accumulation_steps`), `_compat_optim`
   (clipping after the all-reduce, the EMA overwrite) and `_compat_data` (forked
-  `PyDataset` workers on several workers).
+  `PyDataset` workers on several workers; TensorFlow writing into a generator's
+  arrays on several devices).
   Users who build their own `tf.distribute.MultiWorkerMirroredStrategy` call
   `kmp.compat.patch_keras()` once; `parallelize` does it for them.
 - `_compat_private`: private API. The rest of the package touches no Keras

@@ -258,31 +258,34 @@ def assert_close(got, want, atol=1e-5, what=""):
         np.testing.assert_allclose(a, b, atol=atol, err_msg=what)
 
 
+def aligned(array, alignment=64):
+    """A copy of `array` whose data starts on an `alignment`-byte boundary.
+
+    TensorFlow takes a 64-byte-aligned NumPy array without copying it; the
+    input-type scenarios use such arrays so that the `numpy_function_owned_outputs`
+    patch is always put to the test, not only when the allocator happens to align them."""
+    buffer = np.empty(array.nbytes + alignment, dtype=np.uint8)
+    start = -buffer.ctypes.data % alignment
+    out = buffer[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")):
     """A Python generator (steps_per_epoch shorter than it), a PyDataset with workers (threads;
     `py_dataset_processes`: forked processes), dict inputs to a two-input, two-output model: the
-    weights after each.
+    weights after each, and under "data_changed" the largest change fit made to the user's
+    arrays (64-byte aligned, see `aligned`).
 
-    The tests run `kinds=("dict_multi_io",)` only. With a generator or PyDataset kind first,
-    in one pytest process, the 2-device runs end 0.03-0.33 off one device in about one run in
-    three (generator+dict: 5 of 7 runs; PyDataset+dict: 3 of 7; never in 6 plain `python`
-    runs; dict alone passed 6 of 6). Still not root-caused; ruled out by measurement: the
-    one-device side (equal to the bit to a saved run), different initial weights (equal
-    one vs 2 devices and replica vs replica), a replica given other input rows (a probe layer
-    saw the same rows per replica in good and bad runs), replicas drifting apart (equal),
-    stale weights or shifted batches from the previous model, and the cross-device ops (also
-    with a given `ReductionToOneDevice` strategy). It starts at one step (the generator run:
-    epoch 2, batch 1) and every later 2-device model in the process is off from its first
-    step, numpy dict inputs too, the first step's logged loss included. Garbage collection
-    is involved: a `gc.collect()` between the runs makes it happen in a plain `python` script
-    (default then mirrored generator+dict: 4 of 4; mirrored, collect, mirrored PyDataset: the
-    second 0.136 off, 4 of 5), and it went away (0 of 4) when `Batches.__getitem__` returned
-    copies instead of views of x and y. Not checked: the targets each replica sees."""
+    The generator and PyDataset yield views of x and y. Without the
+    `numpy_function_owned_outputs` patch, on 2 devices TensorFlow wrote the loss's
+    intermediate values into the first replica's rows of y (then 0.05-0.3 off one device)."""
     import keras
 
     import keras_mgpu_plugins as kmp
 
-    x, y = make_data(64)
+    x, y = (aligned(a) for a in make_data(64))
+    before = x.copy(), y.copy()
 
     def cycle():  # 6 batches: what 2 epochs of 3 steps take (and nothing left prefetching)
         for step in range(6):
@@ -326,6 +329,7 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
                             epochs=2, shuffle=False, verbose=0)
         runs["dict_multi_io"] = model.get_weights()
         runs["dict_multi_io_history"] = history.history
+    runs["data_changed"] = max(float(np.max(np.abs(a - b))) for a, b in zip((x, y), before, strict=True))
     return runs
 
 

@@ -24,7 +24,7 @@ def on_each_worker():
         "refused": s.refused_settings("auto"),
         "xla": s.xla_and_accumulation_run("auto"),
         "accumulation": s.xla_and_accumulation_run("auto", jit_compile=False, **ACCUMULATION),
-        "inputs": s.input_types_run("auto", ("dict_multi_io",)),
+        "inputs": s.input_types_run("auto"),  # generator, PyDataset (threads), dict inputs
         "clip_ema": s.xla_and_accumulation_run("auto", jit_compile=False, **CLIP_EMA),
         "clip_accumulation": s.xla_and_accumulation_run("auto", **CLIP_ACCUMULATION),
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
@@ -123,10 +123,12 @@ def test_gradient_accumulation_matches_one_device_accumulating_the_global_micro_
         assert_same_run(got["accumulation"], one)
 
 
-def test_dict_inputs_to_a_two_input_two_output_model_train_as_one_process(workers):
-    one = s.input_types_run("default", ("dict_multi_io",))
+def test_generator_py_dataset_and_dict_inputs_train_as_one_process(workers):
+    one = s.input_types_run("default")
     for got in workers:
-        s.assert_close(got["inputs"]["dict_multi_io"], one["dict_multi_io"])
+        for kind in ("generator", "py_dataset", "dict_multi_io"):
+            s.assert_close(got["inputs"][kind], one[kind], what=kind)
+        assert got["inputs"]["data_changed"] == 0.0  # numpy_function_owned_outputs
         for key, values in one["dict_multi_io_history"].items():
             np.testing.assert_allclose(got["inputs"]["dict_multi_io_history"][key], values, atol=1e-5)
 

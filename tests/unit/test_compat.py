@@ -252,7 +252,7 @@ def test_names_the_patches_replace_are_there():
     assert list(inspect.signature(tf_trainer.reduce_per_replica).parameters) == [
         "values", "strategy", "reduction"]
     assert callable(tf_trainer._collective_all_reduce_multi_worker)
-    assert all(patch.applies_to(keras.__version__) for patch in compat.PATCHES)
+    assert all(patch.applies_to(patch.installed_version()) for patch in compat.PATCHES)
 
 
 def test_names_the_fit_setting_patches_use_are_there():
@@ -343,10 +343,38 @@ def unpatched(monkeypatch):
     compat.patch_keras()
 
 
-def pretend(monkeypatch, version, present):
-    monkeypatch.setattr(keras, "__version__", version)
-    patches = tuple(dataclasses.replace(p, present=lambda: present) for p in compat.PATCHES)
+def pretend(monkeypatch, version, present, library="keras"):
+    """Another `library` version; only that library's patches are in the table."""
+    if library == "keras":
+        monkeypatch.setattr(keras, "__version__", version)
+    else:
+        import tensorflow as tf
+
+        monkeypatch.setattr(tf, "__version__", version)
+    patches = tuple(dataclasses.replace(p, present=lambda: present) for p in compat.PATCHES
+                    if p.library == library)
     monkeypatch.setattr(_compat_patches, "PATCHES", patches)  # where patch_keras reads it
+
+
+@pytest.mark.parametrize(("version", "present", "applied", "warning"), [
+    ("2.15.1", True, [], None),
+    ("2.21.0", True, ["numpy_function_owned_outputs"], None),
+    ("2.22.0", True, ["numpy_function_owned_outputs"],
+     "TensorFlow 2.22.0 still has the code it fixes; applied."),
+    ("2.22.0", False, [], "TensorFlow 2.22.0 no longer has the code it fixes"),
+])
+def test_a_tensorflow_patch_follows_the_tensorflow_version(monkeypatch, unpatched, version, present,
+                                                           applied, warning):
+    """numpy_function_owned_outputs is guarded by TensorFlow's version, not Keras's."""
+    import warnings
+
+    pretend(monkeypatch, version, present, library="tensorflow")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compat.patch_keras() == applied
+    assert len(caught) == (1 if warning else 0)
+    assert all(str(w.message).split("; ", 1)[1].startswith(warning) for w in caught)
+    assert all("checked for TensorFlow >=2.16.0,<2.22.0" in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("version", ["3.2.0", "3.4.1"])
@@ -368,11 +396,11 @@ def test_newer_keras_still_with_the_bug_is_patched_with_one_warning(monkeypatch,
     pretend(monkeypatch, "3.16.0", present=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert compat.patch_keras() == [p.name for p in compat.PATCHES]
+        assert compat.patch_keras() == [p.name for p in _compat_patches.PATCHES]
         compat.unpatch_keras()
-        assert compat.patch_keras() == [p.name for p in compat.PATCHES]  # no second warning
+        assert compat.patch_keras() == [p.name for p in _compat_patches.PATCHES]  # no second warning
     assert [str(w.message).split(" (")[0] for w in caught] == [
-        f"kmp.compat patch {p.name}" for p in compat.PATCHES]
+        f"kmp.compat patch {p.name}" for p in _compat_patches.PATCHES]
     assert all("Keras 3.16.0 still has the code it fixes; applied." in str(w.message)
                for w in caught)
 
@@ -570,3 +598,32 @@ def test_use_model_parallel_graph():
     private.hook_graph_run(graph, make)
     tf.function(lambda x: model(x))(tf.ones((1, 3)))
     assert len(devices) == 2 and all(d.endswith("CPU:1") for d in devices)
+
+
+def numpy_function_overwrites_its_source():
+    """Whether a MirroredStrategy step on a `tf.numpy_function`'s output writes into the NumPy
+    array the function returned (64-byte aligned, so TensorFlow takes it without a copy)."""
+    import tensorflow as tf
+
+    from tests.fit_settings_scenarios import aligned
+
+    want = np.arange(1.0, 17.0, dtype="float32").reshape(16, 1)
+    source = aligned(want)
+    dataset = tf.data.Dataset.range(1).map(lambda i: tf.numpy_function(lambda i: source, [i], tf.float32))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # conftest's 2 devices
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))  # each replica: 8 rows
+
+    @tf.function
+    def step(iterator):
+        return strategy.run(lambda batch: tf.reduce_sum(tf.square(batch - 0.5)), (next(iterator),))
+
+    step(iterator)
+    return not np.array_equal(source, want)
+
+
+def test_numpy_function_outputs_are_copied_before_tensorflow_takes_them(unpatched):
+    """numpy_function_owned_outputs: TensorFlow's bug, not Keras's (no Keras in this test)."""
+    assert numpy_function_overwrites_its_source()  # drop the patch when this fails
+    compat.patch_keras()
+    assert "numpy_function_owned_outputs" in _compat_patches._applied
+    assert not numpy_function_overwrites_its_source()
