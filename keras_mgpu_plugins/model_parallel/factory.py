@@ -52,7 +52,8 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
             worker's plan must be the same).
 
     Returns:
-        The model, its calls placed and its train step replaced by the placed one.
+        The model, its calls placed and its train step replaced by the placed one (a
+        model whose class overrides `train_step` keeps its own).
     """
     import keras
 
@@ -65,6 +66,7 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
                 f"The factory {name} decorated with @parallelize must return a keras.Model. "
                 f"Received: an object of type {type(model).__name__}"
             )
+        pipeline.check_train_step(model, micro_batches or 1, name)
         plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
         if check_plan is not None:
             check_plan(plan)

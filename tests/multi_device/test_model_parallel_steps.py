@@ -1,0 +1,124 @@
+"""strategy="model_parallel": placement in every way the graph runs, a resumed fit, and a
+model with its own train_step (over the 2 logical CPU devices of conftest.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_mgpu_plugins as kmp
+from tests.multi_device.test_model_parallel import D0, D1, SEEN, Probe, data, mlp, short
+
+
+@kmp.parallelize(strategy="model_parallel")
+def branches():
+    a, b = keras.Input((6,)), keras.Input((6,))
+    shared, probe = keras.layers.Dense(4, name="shared"), Probe(name="shared_probe")
+    with tf.device("/cpu:1"):
+        ea = probe(shared(a))
+    with keras.device("cpu:0"):
+        eb = probe(shared(b))
+    out = keras.layers.Dense(1, name="out")(keras.layers.concatenate([ea, eb]))
+    model = keras.Model([a, b], out)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_explicit_scopes_hold_in_evaluate_predict_and_a_tf_function():
+    model = branches()
+    x, y = data(16)
+    runs = {
+        "evaluate": lambda: model.evaluate([x, x], y, batch_size=8, verbose=0),
+        "predict": lambda: model.predict([x, x], batch_size=8, verbose=0),
+        "tf.function": lambda: tf.function(lambda a, b: model([a, b]))(x, x),
+    }
+    for what, run in runs.items():
+        SEEN.clear()
+        run()
+        # the shared layer's two calls: one on each device, as the scopes said
+        assert sorted(set(SEEN)) == [("shared_probe", D0), ("shared_probe", D1)], what
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Raises at the end of epoch `epoch` (0-based), as a crash would."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("crash")
+
+
+def test_backup_and_restore_resumes_a_placed_model_exactly(tmp_path):
+    x, y = data()
+    placed = kmp.parallelize(strategy="model_parallel")(mlp)
+    straight = placed(optimizer="adam")
+    straight.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    crashed = placed(optimizer="adam")
+    with pytest.raises(RuntimeError, match="crash"):
+        crashed.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+                    callbacks=[kmp.callbacks.BackupAndRestore(str(tmp_path)), Interrupt(1)])
+    resumed = placed(optimizer="adam")
+    history = resumed.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+                          callbacks=[kmp.callbacks.BackupAndRestore(str(tmp_path))])
+    assert len(history.history["loss"]) == 1  # epochs 0 and 1 came from the backup
+    for a, b in zip(straight.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)  # Adam's slots restored too, or this differs
+    for v in resumed.optimizer.variables:  # restored slots beside their variable
+        if len(v.shape):
+            layer = v.path.split("/")[1].rsplit("_", 2)[0]
+            assert v.value.device == resumed.get_layer(layer).kernel.value.device, v.path
+    assert short(resumed.get_layer("head").kernel.value.device) == "CPU:1"
+
+
+class OwnStep(keras.Model):
+    """A functional model whose class overrides train_step (it counts its traces)."""
+
+    traced = 0
+
+    def train_step(self, data):
+        OwnStep.traced += 1
+        return super().train_step(data)
+
+
+def own_step(micro_batches=None):
+    def build():
+        keras.utils.set_random_seed(5)
+        inp = keras.Input((6,))
+        h = keras.layers.Dense(8, activation="tanh", name="first")(inp)
+        h = Probe(name="own_probe")(h)
+        model = OwnStep(inp, keras.layers.Dense(1, name="last")(h))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    if micro_batches is None:
+        return build
+    return kmp.parallelize(strategy="model_parallel", micro_batches=micro_batches)(build)
+
+
+def test_a_model_with_its_own_train_step_keeps_it(caplog):
+    x, y = data()
+    plain = own_step()()
+    with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
+        placed = kmp.parallelize(strategy="model_parallel")(own_step())()
+    assert "OwnStep overrides train_step; it is kept" in caplog.text
+    OwnStep.traced = 0
+    SEEN.clear()
+    placed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert OwnStep.traced >= 1  # the user's step ran, not replaced by kmp's
+    report = {r.device: r.layers for r in kmp.placement_report(placed).rows}
+    assert report == {D0: ("first",), D1: ("own_probe", "last")}
+    assert dict(SEEN)["own_probe"] == D1  # its forward pass placed
+    assert short(placed.get_layer("last").kernel.value.device) == "CPU:1"
+    plain.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match=r"micro_batches=2 needs kmp's placed train step.*"
+                                         r"OwnStep, which overrides train_step"):
+        own_step(micro_batches=2)()
