@@ -43,6 +43,17 @@ def test_explicit_scopes_hold_in_evaluate_predict_and_a_tf_function():
         assert sorted(set(SEEN)) == [("shared_probe", D0), ("shared_probe", D1)], what
 
 
+def test_report_counts_a_shared_layer_read_from_another_device_as_crossing():
+    report = kmp.placement_report(branches(), batch_size=8)
+    away, home = report.row(D0), report.row(D1)
+    assert away.layers == ("shared#2", "shared_probe#2") and away.parameter_bytes == 0
+    assert away.transfer_bytes == (6 * 4 + 4) * 4  # shared's kernel and bias, held on CPU:1
+    assert home.layers[:2] == ("shared", "shared_probe") and home.layers[3] == "out"
+    assert home.layers[2].startswith("concatenate")  # its name is uniquified per process
+    assert home.parameter_bytes == (6 * 4 + 4 + 8 + 1) * 4
+    assert home.transfer_bytes == 8 * 4 * 4  # the second branch's output, batch 8
+
+
 class Interrupt(keras.callbacks.Callback):
     """Raises at the end of epoch `epoch` (0-based), as a crash would."""
 
