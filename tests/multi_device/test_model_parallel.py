@@ -158,13 +158,28 @@ def test_checkpoints_load_in_plain_keras_and_back(tmp_path):
     assert [v.path for v in plain.weights] == [v.path for v in placed.weights]
     for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+    def slots(model):  # Adam's state by path without the optimizer's (uniquified) name
+        return {v.path.split("/", 1)[1]: v.numpy() for v in model.optimizer.variables}
+
+    assert len(slots(placed)) == 2 + 2 * len(placed.trainable_weights)
+    assert slots(plain).keys() == slots(placed).keys()  # e.g. "head_kernel_momentum"
+    for path, value in slots(placed).items():
+        np.testing.assert_array_equal(slots(plain)[path], value, err_msg=path)
     plain.fit(x, y, batch_size=8, verbose=0)
     plain.save_weights(tmp_path / "plain.weights.h5")
     again = kmp.parallelize(strategy="model_parallel")(mlp)(optimizer="adam")
+    again.optimizer.build(again.trainable_variables)  # so its slots load too, as in Keras
     again.load_weights(tmp_path / "plain.weights.h5")
     for a, b in zip(plain.get_weights(), again.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+    for path, value in slots(plain).items():
+        np.testing.assert_array_equal(slots(again)[path], value, err_msg=path)
     assert short(again.get_layer("head").kernel.value.device) == "CPU:1"  # still placed
+    for v in again.optimizer.variables:  # the loaded slots beside their variable
+        if len(v.shape):
+            layer = v.path.split("/")[1].rsplit("_", 2)[0]
+            assert v.value.device == again.get_layer(layer).kernel.value.device, v.path
 
 
 def test_model_checkpoint_and_early_stopping(tmp_path):
