@@ -120,7 +120,10 @@ def _place_optimizer_slots(model: Any) -> None:
 
 
 def _print_report_on_first_fit(model: Any) -> None:
-    """Prints the placement report once, before the first `fit` whose `verbose` is not 0."""
+    """Prints the placement report once, before the first `fit` whose `verbose` is not 0
+    (activations estimated for that `fit`'s `batch_size`, a worker's share under "hybrid",
+    when it gives one)."""
+    from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
     from keras_mgpu_plugins.model_parallel.report import placement_report
 
     original = model.fit
@@ -130,7 +133,10 @@ def _print_report_on_first_fit(model: Any) -> None:
         verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
         if not printed[0] and verbose != 0:
             printed[0] = True
-            print(placement_report(model), flush=True)
+            batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
+            workers = WORKERS.get(model, (1, 0))[0]  # "hybrid": each worker's share
+            print(placement_report(model, batch_size=batch_size and batch_size // workers),
+                  flush=True)
         return original(*args, **kwargs)
 
     model.fit = fit

@@ -219,6 +219,7 @@ def test_report_table_and_print_once_on_first_verbose_fit(capsys):
     model.fit(*data(), batch_size=8, verbose=2)
     out = capsys.readouterr().out
     assert out.count("Placement (2 stages") == 1 and "/device:CPU:1" in out
+    assert "Placement (2 stages, batch 8," in out  # estimated for the fit's batch size
     measured = kmp.placement_report(model)
     assert measured.optimizer_measured
     assert measured.rows[1].optimizer_bytes == 2 * measured.rows[1].parameter_bytes
