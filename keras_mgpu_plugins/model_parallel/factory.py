@@ -59,7 +59,8 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
 
     name = getattr(fn, "__qualname__", repr(fn))
     with (scope or contextlib.nullcontext)():
-        with placement.recording() as scopes:
+        staging = None if scope is not None else placement.staging_device()  # "hybrid": its own
+        with placement.recording(staging) as scopes:
             model = fn(*args, **kwargs)
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -70,7 +71,7 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
         if check_plan is not None:
             check_plan(plan)
-        placement.apply(model, plan)
+        placement.apply(model, plan, staging)
     _after_compile(model)
     _keep_after_compile(model)
     loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from tests.multi_device.test_model_parallel import D0, D1, SEEN, Probe, data, mlp, short
+from tests.multi_device.test_model_parallel import D0, D1, SEEN, Probe, data, mlp, short, two_tower
 
 
 @kmp.parallelize(strategy="model_parallel")
@@ -133,3 +133,55 @@ def test_a_model_with_its_own_train_step_keeps_it(caplog):
     with pytest.raises(ValueError, match=r"micro_batches=2 needs kmp's placed train step.*"
                                          r"OwnStep, which overrides train_step"):
         own_step(micro_batches=2)()
+
+
+def test_unscoped_calls_build_their_variables_on_the_staging_device():
+    from keras_mgpu_plugins import _compat_graph as private
+    from keras_mgpu_plugins.model_parallel import placement
+
+    assert placement.staging_device() is None  # no GPU here: TensorFlow's default device
+    with placement.recording(staging="/device:CPU:1") as scopes:
+        inp = keras.Input((6,))
+        staged = keras.layers.Dense(4, name="staged")(inp)
+        with tf.device("/cpu:0"):
+            scoped = keras.layers.Dense(2, name="scoped")(staged)
+        after = keras.layers.Dense(1, name="after")(scoped)
+    devices = {name: short(keras.Model(inp, after).get_layer(name).kernel.value.device)
+               for name in ("staged", "scoped", "after")}
+    assert devices == {"staged": "CPU:1", "scoped": "CPU:0", "after": "CPU:1"}
+    recorded = [scopes[id(private.node_of(t))] for t in (staged, scoped, after)]
+    assert recorded[0] == recorded[2] == "" and short(recorded[1]) == "CPU:0"  # as called
+
+
+def test_variables_staged_away_from_the_first_stage_end_on_their_stage(monkeypatch):
+    """As on a machine with GPUs: built on the host (here CPU:1), then moved to their stage."""
+    from keras_mgpu_plugins.model_parallel import placement
+
+    x, y = data()
+    plain = mlp()
+    monkeypatch.setattr(placement, "staging_device", lambda: "/device:CPU:1")
+    placed = kmp.parallelize(strategy="model_parallel")(mlp)()
+    assert {v.path: short(v.value.device) for v in placed.weights} == {
+        f"{layer}/{kind}": "CPU:0" if layer in ("dense_0", "dense_1") else "CPU:1"
+        for layer in ("dense_0", "dense_1", "dense_2", "dense_3", "head")
+        for kind in ("kernel", "bias")}
+    assert [(v.path, v.value.name) for v in placed.weights] == [
+        (v.path, v.value.name) for v in plain.weights]
+    for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)  # same seeded initial values
+    plain.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    placed.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_staged_variables_that_no_pattern_places_go_to_the_first_device(monkeypatch):
+    from keras_mgpu_plugins.model_parallel import placement
+
+    monkeypatch.setattr(placement, "staging_device", lambda: "/device:CPU:1")
+    placed = kmp.parallelize(strategy="model_parallel",
+                             devices={"encoder_a": "/cpu:1", "*_b": "/cpu:1"})(two_tower)()
+    assert short(placed.encoder_a.kernel.value.device) == "CPU:1"
+    assert short(placed.encoder_b.kernel.value.device) == "CPU:1"
+    assert short(placed.head.kernel.value.device) == "CPU:0"  # unmatched: not left staged
+    placed.fit(*data(), batch_size=8, verbose=0)
