@@ -185,3 +185,22 @@ def test_staged_variables_that_no_pattern_places_go_to_the_first_device(monkeypa
     assert short(placed.encoder_b.kernel.value.device) == "CPU:1"
     assert short(placed.head.kernel.value.device) == "CPU:0"  # unmatched: not left staged
     placed.fit(*data(), batch_size=8, verbose=0)
+
+
+def test_balance_weighs_parameters_optimizer_slots_and_activations():
+    from keras_mgpu_plugins import _compat_graph as private
+    from keras_mgpu_plugins.model_parallel import costs
+    from keras_mgpu_plugins.model_parallel.placement import Call
+
+    inp = keras.Input((10,), batch_size=4)
+    shared = keras.layers.Dense(3, name="weighed")
+    first, second = shared(inp), shared(keras.layers.Dense(10, name="other")(inp))
+    model = keras.Model(inp, [first, second])
+    for optimizer, slots in (("adam", 2), ("sgd", 0), ("rmsprop", 1)):
+        model.compile(optimizer=optimizer, loss="mse")
+        estimate = costs.Estimator(model)
+        assert (estimate.slots, estimate.batch) == (slots, 4)
+        calls = [Call(private.node_of(t), shared, "", "", "auto") for t in (first, second)]
+        # its 33 parameters and their slots once, then each call's 4 x 3 output (float32)
+        assert estimate.call_bytes(calls[0]) == 33 * 4 * (1 + slots) + 4 * 3 * 4
+        assert estimate.call_bytes(calls[1]) == 4 * 3 * 4
