@@ -3,7 +3,9 @@
 On a GPU, the first GPU is split into 2 logical GPUs of `--limit-mb` each
 (`kmp.simulate_devices(2, memory_limit_mb=...)`) and an MLP is sized so that its
 parameters and Adam slots need `--ratio` (default 1.5) times one limit. Each case runs in
-its own process (a fresh TensorFlow runtime):
+its own process (a fresh TensorFlow runtime). With `--optimizer sgd` (no slots) the
+parameters alone need `--ratio` times one limit: the placed model's variables must never
+all sit on one GPU, not even while the factory builds them.
 
 - unplaced: the plain model on one logical GPU; expected: out of memory;
 - placed: the same model from `@kmp.parallelize(strategy="model_parallel")`; expected:
@@ -15,6 +17,7 @@ simulated CPU devices and reports the bytes per device from `kmp.placement_repor
 (parameters, Adam slots, activations) against the notional limit.
 
     python benchmarks/model_parallel_memory.py [--quick] [--limit-mb 1024] [--ratio 1.5]
+                                               [--optimizer adam|sgd]
 
 Prints a table and, last, a line `RESULT {json}`.
 """
@@ -38,19 +41,24 @@ def parse_args(argv=None):
                         help="memory of each logical GPU (default 1024; --quick: 64)")
     parser.add_argument("--ratio", type=float, default=1.5,
                         help="parameters + Adam slots as a multiple of one limit")
+    parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
+                        help="adam: 2 slots per parameter; sgd: none")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--case", choices=["unplaced", "placed"], default=None,
                         help=argparse.SUPPRESS)  # one case in this process (the children)
     return parser.parse_args(argv)
 
 
-def width_for(limit_bytes: int, ratio: float) -> int:
-    """The MLP width whose DEPTH square layers' weights and 2 Adam slots need ratio * limit."""
-    params = ratio * limit_bytes / 3 / 4  # float32, 1 + 2 slots
+SLOTS = {"adam": 2, "sgd": 0}
+
+
+def width_for(limit_bytes: int, ratio: float, optimizer: str = "adam") -> int:
+    """The MLP width whose DEPTH square layers' weights and slots need ratio * limit."""
+    params = ratio * limit_bytes / (1 + SLOTS[optimizer]) / 4  # float32
     return max(16, int((params / DEPTH) ** 0.5))
 
 
-def build(width: int):
+def build(width: int, optimizer: str = "adam"):
     import keras
 
     inputs = keras.Input((width,))
@@ -58,11 +66,12 @@ def build(width: int):
     for i in range(DEPTH):
         h = keras.layers.Dense(width, activation="relu", name=f"layer_{i}")(h)
     model = keras.Model(inputs, h)
-    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+    model.compile(optimizer=keras.optimizers.Adam(1e-4) if optimizer == "adam"
+                  else keras.optimizers.SGD(1e-4), loss="mse")
     return model
 
 
-def run_case(case: str, limit_mb: int, width: int, steps: int) -> dict:
+def run_case(case: str, limit_mb: int, width: int, steps: int, optimizer: str) -> dict:
     """One case in this process: train `steps` steps, report memory per device."""
     import keras_mgpu_plugins as kmp
 
@@ -74,7 +83,7 @@ def run_case(case: str, limit_mb: int, width: int, steps: int) -> dict:
     factory = kmp.parallelize(strategy="model_parallel")(build) if case == "placed" else build
     out = {"case": case, "on_gpu": on_gpu, "devices": devices}
     try:
-        model = factory(width)
+        model = factory(width, optimizer)
         x = np.random.default_rng(0).normal(size=(8 * steps, width)).astype("float32")
         model.fit(x, x, batch_size=8, epochs=1, verbose=0)
         out["trained"] = True
@@ -94,7 +103,8 @@ def run_case(case: str, limit_mb: int, width: int, steps: int) -> dict:
 
 def child(case: str, args: argparse.Namespace, limit_mb: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--limit-mb",
-           str(limit_mb), "--ratio", str(args.ratio), "--steps", str(args.steps)]
+           str(limit_mb), "--ratio", str(args.ratio), "--steps", str(args.steps),
+           "--optimizer", args.optimizer]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
     if line is None:
@@ -106,17 +116,18 @@ def child(case: str, args: argparse.Namespace, limit_mb: int) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     limit_mb = args.limit_mb or (64 if args.quick else 1024)
-    width = width_for(limit_mb * 2**20, args.ratio)
+    width = width_for(limit_mb * 2**20, args.ratio, args.optimizer)
     if args.case:
-        print("CASE " + json.dumps(run_case(args.case, limit_mb, width, args.steps)))
+        print("CASE " + json.dumps(run_case(args.case, limit_mb, width, args.steps,
+                                            args.optimizer)))
         return {}
     placed = child("placed", args, limit_mb)  # it says whether there is a GPU
     on_gpu = bool(placed.get("on_gpu"))
     results = {"unplaced": child("unplaced", args, limit_mb)} if on_gpu else {}
     results["placed"] = placed
     limit = limit_mb * 2**20
-    need = DEPTH * (width * width + width) * 4 * 3
-    print(f"\nMLP {DEPTH} x {width}: parameters + Adam slots {need / 2**20:.0f} MiB = "
+    need = DEPTH * (width * width + width) * 4 * (1 + SLOTS[args.optimizer])
+    print(f"\nMLP {DEPTH} x {width}: parameters + {args.optimizer} slots {need / 2**20:.0f} MiB = "
           f"{need / limit:.2f} x the limit of {limit_mb} MiB per device")
     print(f"{'case':10} {'device':16} {'bytes':>12}  {'of limit':>8}  source")
     for case, res in results.items():
@@ -128,6 +139,7 @@ def main(argv=None) -> dict:
         for device, size in per.items():
             print(f"{case:10} {device:16} {size:>12,}  {size / limit:>8.0%}  {source}")
     result = {"limit_bytes": limit, "need_bytes": need, "width": width, "on_gpu": on_gpu,
+              "optimizer": args.optimizer,
               "cases": results}
     print("RESULT " + json.dumps(result))
     return result

@@ -52,23 +52,26 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
             worker's plan must be the same).
 
     Returns:
-        The model, its calls placed and its train step replaced by the placed one.
+        The model, its calls placed and its train step replaced by the placed one (a
+        model whose class overrides `train_step` keeps its own).
     """
     import keras
 
     name = getattr(fn, "__qualname__", repr(fn))
     with (scope or contextlib.nullcontext)():
-        with placement.recording() as scopes:
+        staging = None if scope is not None else placement.staging_device()  # "hybrid": its own
+        with placement.recording(staging) as scopes:
             model = fn(*args, **kwargs)
         if not isinstance(model, keras.Model):
             raise TypeError(
                 f"The factory {name} decorated with @parallelize must return a keras.Model. "
                 f"Received: an object of type {type(model).__name__}"
             )
+        pipeline.check_train_step(model, micro_batches or 1, name)
         plan = placement.plan(model, scopes, devices, micro_batches or 1, name)
         if check_plan is not None:
             check_plan(plan)
-        placement.apply(model, plan)
+        placement.apply(model, plan, staging)
     _after_compile(model)
     _keep_after_compile(model)
     loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None
@@ -118,7 +121,10 @@ def _place_optimizer_slots(model: Any) -> None:
 
 
 def _print_report_on_first_fit(model: Any) -> None:
-    """Prints the placement report once, before the first `fit` whose `verbose` is not 0."""
+    """Prints the placement report once, before the first `fit` whose `verbose` is not 0
+    (activations estimated for that `fit`'s `batch_size`, a worker's share under "hybrid",
+    when it gives one)."""
+    from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
     from keras_mgpu_plugins.model_parallel.report import placement_report
 
     original = model.fit
@@ -128,7 +134,10 @@ def _print_report_on_first_fit(model: Any) -> None:
         verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
         if not printed[0] and verbose != 0:
             printed[0] = True
-            print(placement_report(model), flush=True)
+            batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
+            workers = WORKERS.get(model, (1, 0))[0]  # "hybrid": each worker's share
+            print(placement_report(model, batch_size=batch_size and batch_size // workers),
+                  flush=True)
         return original(*args, **kwargs)
 
     model.fit = fit

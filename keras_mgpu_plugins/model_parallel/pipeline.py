@@ -17,18 +17,51 @@ k + 1 runs piece j: a GPipe schedule with a bubble of (S - 1) / (M + S - 1).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from keras_mgpu_plugins import _compat_graph as private
 
+logger = logging.getLogger("keras_mgpu_plugins")
+
 #: The graph of each placed model's last traced train step (read by tests and debugging).
 TRACED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
+def check_train_step(model: Any, micro_batches: int, factory_name: str) -> None:
+    """Refuses `micro_batches` for a model whose class overrides `train_step`.
+
+    Raises:
+        ValueError: If it does and `micro_batches` is more than 1 (the pieces are split
+            by kmp's step, which would replace the user's).
+    """
+    import keras
+
+    if micro_batches > 1 and type(model).train_step is not keras.Model.train_step:
+        raise ValueError(
+            f"micro_batches={micro_batches} needs kmp's placed train step, but the factory "
+            f"{factory_name} returned a {type(model).__name__}, which overrides train_step "
+            "(kmp keeps it). Remove micro_batches, or drop the train_step override."
+        )
+
+
 def install_train_step(model: Any, micro_batches: int, loss_device: str | None) -> None:
-    """Replaces `model.train_step` (on this instance) with the placed, micro-batched step."""
+    """Replaces `model.train_step` (on this instance) with the placed, micro-batched step.
+
+    A model whose class overrides `train_step` keeps it: its forward pass, variables and
+    optimizer slots are placed; its gradients run where TensorFlow's placer puts them.
+    """
+    import keras
+
+    if type(model).train_step is not keras.Model.train_step:
+        logger.warning(
+            "model_parallel: %s overrides train_step; it is kept. Its layers, variables and "
+            "optimizer slots are placed, but the gradients its tape computes run where "
+            "TensorFlow places them (kmp's own step computes each beside its forward op).",
+            type(model).__name__)
+        return
     model.train_step = make_train_step(model, micro_batches, loss_device)
 
 

@@ -4,7 +4,8 @@ Three sources of a call node's device, in this order:
 
 1. the `tf.device` / `keras.device` scope in effect when the factory called the layer
    (recorded by `recording()`, which wraps `keras.layers.Layer.__call__` while the factory
-   runs and reads TensorFlow's current device);
+   runs and reads TensorFlow's current device; a call without a scope builds its variables
+   on the staging device, the host when there are GPUs);
 2. `devices` given as a mapping: the first layer-name pattern (`fnmatch`) matching the layer;
 3. automatic: when no call was placed by 1 or 2, all calls, in execution order, split into
    contiguous stages over the devices, balanced by the memory each needs
@@ -61,10 +62,25 @@ class Plan:
     subclassed: bool = False
 
 
+def staging_device() -> str | None:
+    """Where a layer called without a scope builds its variables while the factory runs:
+    the host (`/device:CPU:0`) when this process has GPUs, so no GPU ever holds the whole
+    model; `None` (TensorFlow's default device) without GPUs."""
+    import tensorflow as tf
+
+    return "/device:CPU:0" if tf.config.list_logical_devices("GPU") else None
+
+
 @contextlib.contextmanager
-def recording() -> Iterator[dict[int, str]]:
-    """Within: every layer call's device scope, keyed by `id(node)` of the node it made."""
+def recording(staging: str | None = None) -> Iterator[dict[int, str]]:
+    """Within: every layer call's device scope, keyed by `id(node)` of the node it made.
+
+    Args:
+        staging: A device for the calls made without a scope: the variables they build
+            are created there (and moved to their stage by `apply`); `None`: no scope.
+    """
     import keras
+    import tensorflow as tf
 
     seen: dict[int, str] = {}
     original = keras.layers.Layer.__call__
@@ -72,7 +88,8 @@ def recording() -> Iterator[dict[int, str]]:
     @functools.wraps(original)
     def recording_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         device = private.current_device()
-        outputs = original(self, *args, **kwargs)
+        with tf.device(staging) if staging and not device else contextlib.nullcontext():
+            outputs = original(self, *args, **kwargs)
         for tensor in keras.tree.flatten(outputs):
             node = private.node_of(tensor)
             if node is not None and node.operation is self:
@@ -181,17 +198,33 @@ def _plan_subclassed(model: Any, mapping: dict[str, str] | None, micro_batches: 
                 subclassed=True)
 
 
-def apply(model: Any, placement: Plan) -> None:
-    """Puts variables on their devices and makes every call run under its device."""
+def apply(model: Any, placement: Plan, staging: str | None = None) -> None:
+    """Puts variables on their devices and makes every call run under its device.
+
+    Args:
+        model: The factory's model.
+        placement: Its plan.
+        staging: The device `recording` built unscoped variables on: a variable still
+            there that no call places (a subclassed model's unmatched layers) moves to
+            the first local device, where TensorFlow would have created it.
+    """
     import tensorflow as tf
 
     first: dict[int, Call] = {}  # a layer's variables live where its first call (as made) runs
     for call in sorted(placement.calls, key=lambda c: 0 if c.node is None else
                        private.call_index(c.node)):
         first.setdefault(id(call.layer), call)
+    placed = set()
     for call in first.values():
         for variable in call.layer.variables:
             private.move_variable(variable, call.device)
+            placed.add(id(variable))
+    if staging:
+        for variable in model.variables:
+            value = getattr(variable, "_value", None)
+            if (id(variable) not in placed and value is not None
+                    and _devices.canonical(value.device) == staging):
+                private.move_variable(variable, _devices.local_devices()[0])
     if placement.subclassed:
         for call in placement.calls:
             _wrap_in_device(call.layer, call.device)

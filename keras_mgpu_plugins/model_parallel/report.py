@@ -20,8 +20,10 @@ class DeviceRow:
         optimizer_bytes: Bytes of the optimizer slots beside them (measured once the
             optimizer is built, estimated before).
         activation_bytes: Estimated bytes of its calls' outputs for one batch.
-        transfer_bytes: Estimated bytes arriving from other devices per step (forward,
-            the model's inputs not counted; the backward pass sends as many back).
+        transfer_bytes: Estimated bytes arriving from other devices per step (forward:
+            the outputs of calls on other devices, and the variables of a shared layer
+            called here but held on another device; the model's inputs not counted; the
+            backward pass sends as many back).
     """
 
     device: str
@@ -137,6 +139,9 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
                 device = _devices.canonical(v.value.device) if v.value.device else call.device
                 per.get(device, row)["params"] += est.parameter_bytes_of(v)
         row["act"] += est.activation_bytes(call.node)
+        for v in call.layer.weights:  # a shared layer's variables, read from their device
+            if v.value.device and _devices.canonical(v.value.device) != call.device:
+                row["transfer"] += est.parameter_bytes_of(v)
         if call.node is not None:
             for t in call.node.outputs:
                 produced_on[id(t)] = call.device

@@ -132,14 +132,16 @@ def test_micro_batches_same_weights_as_full_batch_and_refuses_a_remainder():
     first_stage = [op for op in graph.get_operations() if op.type == "MatMul"
                    and op.device.endswith("CPU:0") and "gradients" not in op.name]
     assert len(first_stage) == 4 * 2  # 2 layers on stage 0, 4 pieces
-    for op in first_stage:
+    for op in first_stage:  # every ancestor, through data and control edges
         seen, todo = set(), [op]
         while todo:
-            for source in [t.op for t in todo.pop().inputs] + list(op.control_inputs):
+            node = todo.pop()
+            for source in [t.op for t in node.inputs] + list(node.control_inputs):
                 if source.name not in seen:
                     seen.add(source.name)
                     todo.append(source)
                     assert not source.device.endswith("CPU:1"), (op.name, source.name)
+        assert any(s.startswith("split") or "/split" in s for s in seen), op.name  # its piece
     report = kmp.placement_report(piecewise)
     assert report.micro_batches == 4 and report.bubble_fraction == pytest.approx(1 / 5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="micro_batches=4 must divide"):
@@ -156,13 +158,28 @@ def test_checkpoints_load_in_plain_keras_and_back(tmp_path):
     assert [v.path for v in plain.weights] == [v.path for v in placed.weights]
     for a, b in zip(plain.get_weights(), placed.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+    def slots(model):  # Adam's state by path without the optimizer's (uniquified) name
+        return {v.path.split("/", 1)[1]: v.numpy() for v in model.optimizer.variables}
+
+    assert len(slots(placed)) == 2 + 2 * len(placed.trainable_weights)
+    assert slots(plain).keys() == slots(placed).keys()  # e.g. "head_kernel_momentum"
+    for path, value in slots(placed).items():
+        np.testing.assert_array_equal(slots(plain)[path], value, err_msg=path)
     plain.fit(x, y, batch_size=8, verbose=0)
     plain.save_weights(tmp_path / "plain.weights.h5")
     again = kmp.parallelize(strategy="model_parallel")(mlp)(optimizer="adam")
+    again.optimizer.build(again.trainable_variables)  # so its slots load too, as in Keras
     again.load_weights(tmp_path / "plain.weights.h5")
     for a, b in zip(plain.get_weights(), again.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+    for path, value in slots(plain).items():
+        np.testing.assert_array_equal(slots(again)[path], value, err_msg=path)
     assert short(again.get_layer("head").kernel.value.device) == "CPU:1"  # still placed
+    for v in again.optimizer.variables:  # the loaded slots beside their variable
+        if len(v.shape):
+            layer = v.path.split("/")[1].rsplit("_", 2)[0]
+            assert v.value.device == again.get_layer(layer).kernel.value.device, v.path
 
 
 def test_model_checkpoint_and_early_stopping(tmp_path):
@@ -188,12 +205,21 @@ def test_report_table_and_print_once_on_first_verbose_fit(capsys):
     assert report.rows[1].transfer_bytes == 8 * 8 * 4  # dense_1's output, batch 8
     assert report.rows[0].activation_bytes == 2 * 8 * 8 * 4
     assert not report.optimizer_measured and "(est.)" in str(report)
+    table = str(report).splitlines()
+    assert table[0] == "Placement (2 stages, batch 8, micro_batches 1, expected bubble 50%)"
+    assert table[1].split() == ["device", "layers", "params", "optimizer", "activations", "in",
+                                "from", "others"]
+    # 128 parameters (512 B), Adam's 2 slots estimated, 2 outputs of 8 x 8, nothing in
+    assert table[2].split() == [D0, "dense_0,", "dense_1", "512", "B", "1.0", "KiB", "(est.)",
+                                "512", "B", "0", "B"]
+    assert table[3].startswith(D1) and table[3].split()[-2:] == ["256", "B"]
     model.fit(*data(), batch_size=8, verbose=0)
     assert "Placement" not in capsys.readouterr().out
     model.fit(*data(), batch_size=8, verbose=2)
     model.fit(*data(), batch_size=8, verbose=2)
     out = capsys.readouterr().out
     assert out.count("Placement (2 stages") == 1 and "/device:CPU:1" in out
+    assert "Placement (2 stages, batch 8," in out  # estimated for the fit's batch size
     measured = kmp.placement_report(model)
     assert measured.optimizer_measured
     assert measured.rows[1].optimizer_bytes == 2 * measured.rows[1].parameter_bytes
