@@ -29,10 +29,11 @@ _STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _LIBRARIES = (_TF, f"{os.sep}keras{os.sep}", f"{os.sep}keras_mgpu_plugins{os.sep}",
               f"{os.sep}ray{os.sep}", "<frozen ")
 #: Frames that mean "busy, not stuck": TensorFlow tracing a function, a save in progress.
+#: Tracing is `func_graph.py` on the stack (`func_graph_from_py_func` and the graph it
+#: builds), not `tracing_compilation.py`: its `call_function` is on the stack of every call
+#: of a `tf.function`, also a train step blocked in a collective.
 _BUSY = {
-    "tracing a function": (f"{_TF}python{os.sep}framework{os.sep}func_graph.py",
-                           f"{os.sep}polymorphic_function{os.sep}tracing_compilation.py",
-                           f"{_TF}python{os.sep}autograph{os.sep}"),
+    "tracing a function": (f"{_TF}python{os.sep}framework{os.sep}func_graph.py",),
     "saving": (f"{os.sep}keras{os.sep}src{os.sep}saving{os.sep}", f"{os.sep}h5py{os.sep}",
                f"{os.sep}callbacks{os.sep}_checkpoint_io.py",
                f"{os.sep}callbacks{os.sep}_atomic.py"),
@@ -115,6 +116,29 @@ def locate(frame: FrameType | None) -> tuple[str, bool, str]:
     else:
         where = f"in {_describe(user or innermost)}"
     return busy, inside_tf, where
+
+
+#: The frame of one call of a `tf.function` (it traces there first if it must).
+_CALL_FILE = f"{os.sep}polymorphic_function{os.sep}polymorphic_function.py"
+
+
+def outermost_call(frame: FrameType | None) -> FrameType | None:
+    """The outermost `tf.function` call on a thread's stack (`None` if there is none)."""
+    found = None
+    while frame is not None:
+        if frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith(_CALL_FILE):
+            found = frame
+        frame = frame.f_back
+    return found
+
+
+def has_frame(frame: FrameType | None, target: FrameType) -> bool:
+    """Whether `target` (a frame object) is on the stack that ends in `frame`."""
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def format_stacks(prefix: str = "") -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -163,3 +164,44 @@ def test_add_to_every_fit_adds_one_watchdog(monkeypatch):
     assert seen[0].count("StallWatchdog") == 1 and seen[1].count("StallWatchdog") == 1
     with pytest.raises(ValueError, match="Received: timeout=0"):
         stall_watchdog.add_to_every_fit(0)
+
+
+def test_a_step_blocked_inside_a_tf_function_is_not_taken_for_tracing():
+    """After the first call, every call of a `tf.function` has
+    `tracing_compilation.call_function` on its stack; only `func_graph.py` (tracing itself)
+    pauses the clock. A train step waiting in a collective for a stuck peer must count as
+    idle, or no stall is ever declared."""
+    import tensorflow as tf
+
+    entered, release, seen = threading.Event(), threading.Event(), {}
+
+    def block(x):  # runs when the traced graph executes (a collective waiting for a peer)
+        entered.set()
+        release.wait()
+        return x
+
+    @tf.function
+    def step(x):
+        seen["tracing"] = _stall.locate(sys._getframe())  # Python runs only while tracing
+        return tf.py_function(block, [x], tf.float32)
+
+    release.set()
+    step(tf.constant(1.0))  # traces, then runs
+    entered.clear()
+    release.clear()
+    thread = threading.Thread(target=step, args=(tf.constant(2.0),), name="step")
+    thread.start()
+    try:
+        assert entered.wait(60)
+        frame = sys._current_frames()[thread.ident]
+        busy, inside_tf, _ = _stall.locate(frame)
+        names = [f.name for f in traceback.extract_stack(frame)]
+        call = _stall.outermost_call(frame)
+        on_stack = call is not None and _stall.has_frame(frame, call)
+    finally:
+        release.set()
+        thread.join()
+    assert seen["tracing"][0] == "tracing a function"
+    assert "call_function" in names  # tracing_compilation's, on every call after the first
+    assert busy == "" and on_stack
+    assert _stall.outermost_call(sys._getframe()) is None
