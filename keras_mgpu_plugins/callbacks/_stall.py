@@ -153,8 +153,13 @@ def format_stacks(prefix: str = "") -> str:
     return "".join(f"{prefix}{line}\n" for line in lines)
 
 
+#: Seconds after which a heartbeat no longer tells where its worker is (it is written
+#: every second or faster): the verdict waits for a fresh one.
+STALE_S = 5.0
+
+
 def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: float,
-           now: float, unreported_idle: float) -> Verdict | None:
+           now: float, unreported_idle: float, stale_after: float = STALE_S) -> Verdict | None:
     """Whether the job is stalled: no worker made progress for `timeout` seconds.
 
     A worker without a report counts as idle for `unreported_idle` seconds (it
@@ -162,7 +167,11 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
     count; a busy one (tracing, saving) means no stall. Stuck are the workers
     outside TensorFlow (a worker inside TensorFlow may be waiting for a peer in
     a collective); if every worker is inside TensorFlow, those with the least
-    progress.
+    progress. A report older than `stale_after` seconds shows where its worker
+    was, not where it is: the verdict waits for a fresher one, and names the
+    worker stuck once its heartbeat has been silent for `timeout` (a waiting
+    worker's watchdog thread keeps writing, since TensorFlow releases the GIL
+    while it waits; a silent one is stopped, or blocks Python in a native call).
 
     Returns:
         The verdict, or `None` while some worker progresses.
@@ -178,9 +187,13 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
     if not idle or min(idle.values()) < timeout:
         return None
     missing = [w for w in idle if reports.get(w) is None]
-    outside = [w for w in idle if w not in missing and not reports[w].inside_tf]
-    if missing or outside:
-        stuck = tuple(missing + outside)
+    age = {w: now - reports[w].written_at for w in idle if w not in missing}
+    if any(stale_after < a < timeout for a in age.values()):
+        return None  # where that worker is now is not known yet
+    silent = [w for w, a in age.items() if a >= max(timeout, stale_after)]
+    outside = [w for w in age if w not in silent and not reports[w].inside_tf]
+    if missing or silent or outside:
+        stuck = tuple(sorted(missing + silent + outside))
     else:
         least = min(reports[w].progress for w in idle)
         stuck = tuple(w for w in idle if reports[w].progress == least)
@@ -192,10 +205,15 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
             lines.append(f"  worker {worker}: stuck: it never reported (no StallWatchdog "
                          f"running there, or it is stuck before training began).")
             continue
+        if worker in silent:
+            lines.append(f"  worker {worker}: stuck: its heartbeat stopped {age[worker]:.0f} s "
+                         "ago (the process is stopped, or a native call holds Python's GIL); "
+                         f"it was last seen {report.where}.")
+            continue
         role = "stuck" if worker in stuck else "waiting"
         lines.append(f"  worker {worker}: {role} {report.where}; no progress for "
                      f"{report.idle_at(now):.0f} s after {report.progress} progress events.")
-    if not missing and not outside:
+    if not missing and not silent and not outside:
         lines.append("  Every worker is inside TensorFlow: the stuck one is the one with the "
                      "least progress (a stuck input pipeline, or a collective no peer joined).")
     return Verdict(stuck, "\n".join(lines))

@@ -30,8 +30,9 @@ def test_defaults():
     assert watchdog.poll_interval == 1.0 and StallWatchdog(timeout=2).poll_interval == 0.2
 
 
-def _report(worker, idle, inside_tf=True, progress=10, state="running", where="somewhere"):
-    return _stall.Report(worker, idle, 1000.0, progress, state, inside_tf, where)
+def _report(worker, idle, inside_tf=True, progress=10, state="running", where="somewhere",
+            written_at=1000.0):
+    return _stall.Report(worker, idle, written_at, progress, state, inside_tf, where)
 
 
 def test_no_stall_while_one_worker_progresses():
@@ -40,9 +41,28 @@ def test_no_stall_while_one_worker_progresses():
 
 
 def test_stale_heartbeat_counts_as_idle():
-    reports = {0: _report(0, 30), 1: _report(1, 3, inside_tf=False)}
-    verdict = _stall.decide(reports, 2, 20, now=1018.0, unreported_idle=0)
+    reports = {0: _report(0, 30, written_at=1004.0), 1: _report(1, 16, inside_tf=False)}
+    verdict = _stall.decide(reports, 2, 20, now=1004.0, unreported_idle=0)
     assert verdict is not None and verdict.stuck == (1,)
+
+
+def test_a_stale_heartbeat_is_waited_for_then_its_silent_worker_named():
+    """A loaded machine delays a heartbeat: its `where` is old news (worker 0 was seen
+    between two collectives, outside TensorFlow), so no verdict blames it; once silent for
+    `timeout`, the worker itself is stuck (a waiting worker's thread keeps writing)."""
+    waiting_seen_in_python = _report(0, 15, inside_tf=False, where="in on_epoch_end (k.py:3)")
+    def stuck_one(now):
+        return _report(1, 40, inside_tf=False, where="in sleep_forever (t.py:9)", written_at=now)
+
+    reports = {0: waiting_seen_in_python, 1: stuck_one(1012.0)}
+    assert _stall.decide(reports, 2, 20, now=1012.0, unreported_idle=0) is None
+    reports = {0: waiting_seen_in_python, 1: stuck_one(1020.0)}
+    verdict = _stall.decide(reports, 2, 20, now=1020.0, unreported_idle=0)
+    assert verdict.stuck == (0, 1)
+    assert "worker 0: stuck: its heartbeat stopped 20 s ago" in verdict.message
+    fresh = {0: _report(0, 21, where="inside TensorFlow at all_reduce", written_at=1010.0),
+             1: stuck_one(1012.0)}
+    assert _stall.decide(fresh, 2, 20, now=1012.0, unreported_idle=0).stuck == (1,)
 
 
 def test_stuck_is_the_worker_outside_tensorflow():
