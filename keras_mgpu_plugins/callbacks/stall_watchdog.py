@@ -206,7 +206,8 @@ class _Watch:
 
     def _report(self, frame: Any) -> _stall.Report:
         busy, inside_tf, where = _stall.locate(frame)
-        busy = busy or self._first_run(frame, busy) or ", ".join(_clock.paused)
+        first_run = self._first_run(frame, busy)  # called on every look: it sees tracing too
+        busy = busy or first_run or ", ".join(_clock.paused)
         if busy:
             _clock.touch()
             where = f"{where} ({busy})"

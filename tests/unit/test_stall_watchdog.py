@@ -225,3 +225,61 @@ def test_a_step_blocked_inside_a_tf_function_is_not_taken_for_tracing():
     assert "call_function" in names  # tracing_compilation's, on every call after the first
     assert busy == "" and on_stack
     assert _stall.outermost_call(sys._getframe()) is None
+
+
+def test_the_first_run_of_a_function_just_traced_pauses_the_clock_up_to_timeout():
+    """Tracing, then the same call's first run (graph optimization, collective setup):
+    busy, but only up to `timeout` after the tracing was last seen; a later call is not."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins.callbacks.stall_watchdog import _Watch
+
+    tracing, executing, go = threading.Event(), threading.Event(), threading.Event()
+
+    def block(x):
+        executing.set()
+        go.wait()
+        return x
+
+    @tf.function
+    def step(x):
+        tracing.set()
+        go.wait()  # Python in a tf.function runs only while it is traced
+        return tf.py_function(block, [x], tf.float32)
+
+    watch = _Watch(timeout=30.0, interval=1.0, directory=None, stop=threading.Event())
+
+    def look(thread):
+        return watch._report(sys._current_frames()[thread.ident])
+
+    def call():
+        thread = threading.Thread(target=step, args=(tf.constant(1.0),), name="step")
+        thread.start()
+        return thread
+
+    states = []
+    thread = call()
+    try:
+        assert tracing.wait(60)
+        states.append(look(thread).where)
+        go.set()  # tracing ends; the first run blocks in `block`
+        assert executing.wait(60)
+        executing.clear()
+        go.clear()
+        states.append(look(thread).where)
+        watch.traced_at -= 30.0  # as if the first run had lasted `timeout`
+        states.append(look(thread).state)
+    finally:
+        go.set()
+        thread.join()
+    go.clear()
+    thread = call()  # traced already: a step like any other
+    try:
+        assert executing.wait(60)
+        states.append(look(thread).state)
+    finally:
+        go.set()
+        thread.join()
+    assert states[0].endswith("(tracing a function)")
+    assert states[1].endswith("(first run of a function just traced)")
+    assert states[2:] == ["running", "running"]
