@@ -144,12 +144,18 @@ def fit_then_differ():
         if states == ["finished", "finished"] or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    from keras_mgpu_plugins._progress import clock
+
+    before = clock.count
+    kmp.collective.agree(True, model.distribute_strategy)  # entered and left: 2 progress events
+    collective_progress = clock.count - before
     try:
         model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[StallWatchdog(timeout=10 + rank)])
         differing = None
     except Exception as err:  # noqa: BLE001 - the message is the result
         differing = f"{type(err).__name__}: {err}"
     return {"epochs": len(history.history["loss"]), "first_fit_s": first_fit_s,
+            "collective_progress": collective_progress,
             "states": states, "differing": differing}
 
 
@@ -157,6 +163,7 @@ def test_progressing_fit_finishes_and_differing_timeouts_raise_on_both():
     results = kmp.launch(fit_then_differ, num_workers=2, timeout=240)
     for rank, r in enumerate(results):
         assert r["epochs"] == 3 and r["states"] == ["finished", "finished"], r
+        assert r["collective_progress"] == 2
         assert r["differing"] == (
             "SettingsDifferError: StallWatchdog must be created with the same arguments on "
             "every worker: they decide where it runs collective operations, and a worker that "
