@@ -22,8 +22,9 @@ import pathlib
 import tempfile
 
 GLOBAL_BATCH = 16
-# A monitored value that differs per worker: alone, the chief would stop after
-# epoch 1 (its value rises), worker 1 never (its value falls). Both follow the chief.
+# A monitored value that differs per worker: alone, the chief would stop after its
+# second epoch (its value rises; patience=0), worker 1 never (its value falls). Both
+# follow the chief.
 CHIEF_VALUES = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 OTHER_VALUES = [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from keras_mgpu_plugins._progress import note_progress
 from keras_mgpu_plugins._rank import (  # the one source of "who am I", re-exported
     Rank,
     _task_rank,
@@ -98,7 +99,9 @@ def all_gather(vector: Any, strategy: Any | None = None) -> np.ndarray:
         return tf.constant(slots if first_local else zeros)
 
     per_replica = strategy.experimental_distribute_values_from_function(value_fn)
+    note_progress()  # a collective entered and left are progress (StallWatchdog)
     summed = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
+    note_progress()
     return summed.astype(np.bool_) if array.dtype == np.bool_ else summed.astype(array.dtype)
 
 

@@ -1,8 +1,7 @@
 """The parts of `StallWatchdog` that need no Keras: the verdict, stacks, heartbeats.
 
-- `locate(frame)`: where a thread is, from its Python stack: inside TensorFlow
-  (a step, a collective: possibly waiting for a peer), tracing or saving (busy:
-  the clock is paused), or in Python code (the innermost user frame).
+- `locate(frame)`, `format_stacks()`, `outermost_call`, `has_frame`: reading
+  stacks (`_stall_stacks`, imported here).
 - `decide(...)`: the pure decision: has every worker gone `timeout` seconds
   without progress, and which ones are stuck rather than waiting?
 - `Board`: each worker's heartbeat, a small JSON file in a folder every worker
@@ -15,28 +14,15 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
-import sysconfig
-import threading
 import time
-import traceback
 from collections.abc import Mapping
-from types import FrameType
 
-_TF = f"{os.sep}tensorflow{os.sep}"
-_STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
-#: Not the user's code: where a frame is reported from the user's point of view.
-_LIBRARIES = (_TF, f"{os.sep}keras{os.sep}", f"{os.sep}keras_mgpu_plugins{os.sep}",
-              f"{os.sep}ray{os.sep}", "<frozen ")
-#: Frames that mean "busy, not stuck": TensorFlow tracing a function, a save in progress.
-_BUSY = {
-    "tracing a function": (f"{_TF}python{os.sep}framework{os.sep}func_graph.py",
-                           f"{os.sep}polymorphic_function{os.sep}tracing_compilation.py",
-                           f"{_TF}python{os.sep}autograph{os.sep}"),
-    "saving": (f"{os.sep}keras{os.sep}src{os.sep}saving{os.sep}", f"{os.sep}h5py{os.sep}",
-               f"{os.sep}callbacks{os.sep}_checkpoint_io.py",
-               f"{os.sep}callbacks{os.sep}_atomic.py"),
-}
+from keras_mgpu_plugins.callbacks._stall_stacks import (  # noqa: F401 (this module's API)
+    format_stacks,
+    has_frame,
+    locate,
+    outermost_call,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,63 +60,13 @@ class Verdict:
     message: str
 
 
-def _short(filename: str) -> str:
-    parts = filename.split(os.sep)
-    return os.sep.join(parts[-2:]) if len(parts) > 2 else filename
-
-
-def _describe(frame: FrameType) -> str:
-    return f"{frame.f_code.co_name} ({_short(frame.f_code.co_filename)}:{frame.f_lineno})"
-
-
-def locate(frame: FrameType | None) -> tuple[str, bool, str]:
-    """Where a thread is, from its innermost frame.
-
-    Returns:
-        `(busy, inside_tf, where)`: `busy` names a busy state
-        (`"tracing a function"`, `"saving"`) or is `""`; `inside_tf` says the
-        thread is in a TensorFlow call (a TensorFlow frame is nearer the top of
-        the stack than any user frame); `where` describes the place in words.
-    """
-    if frame is None:
-        return "", False, "nowhere (the thread has ended)"
-    innermost, user, tf_frame = frame, None, None
-    busy = ""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not busy:
-            busy = next((what for what, marks in _BUSY.items()
-                         if any(mark in name for mark in marks)), "")
-        if user is None and tf_frame is None and _TF in name:
-            tf_frame = frame  # a TensorFlow call nearer the top than any user code
-        if user is None and not (name.startswith(_STDLIB)
-                                 or any(lib in name for lib in _LIBRARIES)):
-            user = frame
-        frame = frame.f_back
-    inside_tf = tf_frame is not None
-    if tf_frame is not None:
-        where = f"inside TensorFlow at {_describe(tf_frame)}"
-        if user is not None:
-            where += f", called from {_describe(user)}"
-    else:
-        where = f"in {_describe(user or innermost)}"
-    return busy, inside_tf, where
-
-
-def format_stacks(prefix: str = "") -> str:
-    """Every thread's Python stack, innermost call first, like `faulthandler` prints them."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    lines = []
-    for ident, frame in sys._current_frames().items():
-        lines.append(f"Thread 0x{ident:016x} ({names.get(ident, '?')}), most recent call first:")
-        for summary in reversed(traceback.extract_stack(frame)):
-            lines.append(f'  File "{summary.filename}", line {summary.lineno} in {summary.name}')
-        lines.append("")
-    return "".join(f"{prefix}{line}\n" for line in lines)
+#: Seconds after which a heartbeat no longer tells where its worker is (it is written
+#: every second or faster): the verdict waits for a fresh one.
+STALE_S = 5.0
 
 
 def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: float,
-           now: float, unreported_idle: float) -> Verdict | None:
+           now: float, unreported_idle: float, stale_after: float = STALE_S) -> Verdict | None:
     """Whether the job is stalled: no worker made progress for `timeout` seconds.
 
     A worker without a report counts as idle for `unreported_idle` seconds (it
@@ -138,7 +74,11 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
     count; a busy one (tracing, saving) means no stall. Stuck are the workers
     outside TensorFlow (a worker inside TensorFlow may be waiting for a peer in
     a collective); if every worker is inside TensorFlow, those with the least
-    progress.
+    progress. A report older than `stale_after` seconds shows where its worker
+    was, not where it is: the verdict waits for a fresher one, and names the
+    worker stuck once its heartbeat has been silent for `timeout` (a waiting
+    worker's watchdog thread keeps writing, since TensorFlow releases the GIL
+    while it waits; a silent one is stopped, or blocks Python in a native call).
 
     Returns:
         The verdict, or `None` while some worker progresses.
@@ -154,9 +94,13 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
     if not idle or min(idle.values()) < timeout:
         return None
     missing = [w for w in idle if reports.get(w) is None]
-    outside = [w for w in idle if w not in missing and not reports[w].inside_tf]
-    if missing or outside:
-        stuck = tuple(missing + outside)
+    age = {w: now - reports[w].written_at for w in idle if w not in missing}
+    if any(stale_after < a < timeout for a in age.values()):
+        return None  # where that worker is now is not known yet
+    silent = [w for w, a in age.items() if a >= max(timeout, stale_after)]
+    outside = [w for w in age if w not in silent and not reports[w].inside_tf]
+    if missing or silent or outside:
+        stuck = tuple(sorted(missing + silent + outside))
     else:
         least = min(reports[w].progress for w in idle)
         stuck = tuple(w for w in idle if reports[w].progress == least)
@@ -168,10 +112,15 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
             lines.append(f"  worker {worker}: stuck: it never reported (no StallWatchdog "
                          f"running there, or it is stuck before training began).")
             continue
+        if worker in silent:
+            lines.append(f"  worker {worker}: stuck: its heartbeat stopped {age[worker]:.0f} s "
+                         "ago (the process is stopped, or a native call holds Python's GIL); "
+                         f"it was last seen {report.where}.")
+            continue
         role = "stuck" if worker in stuck else "waiting"
         lines.append(f"  worker {worker}: {role} {report.where}; no progress for "
                      f"{report.idle_at(now):.0f} s after {report.progress} progress events.")
-    if not missing and not outside:
+    if not missing and not silent and not outside:
         lines.append("  Every worker is inside TensorFlow: the stuck one is the one with the "
                      "least progress (a stuck input pipeline, or a collective no peer joined).")
     return Verdict(stuck, "\n".join(lines))

@@ -2,9 +2,10 @@
 
 Progress is what the training thread reports: batch and epoch ends, evaluation
 begin and end (the hooks below), and `note_progress()`, which any module may
-call (a collective entered or left). TensorFlow tracing a function and a save
-in progress (seen on the training thread's stack) pause the clock, and so does
-code inside `paused(what)`.
+call (`kmp.collective` does, on entering and leaving a collective). TensorFlow
+tracing a function, then the first run of what it traced (up to `timeout`), and
+a save in progress (seen on the training thread's stack) pause the clock, and so
+does code inside `paused(what)`.
 
 The workers that are not stuck are usually blocked in a collective, waiting for
 the stuck one, so they cannot ask it anything over TensorFlow. Each worker's
@@ -26,65 +27,36 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from types import CodeType
 from typing import Any
 
 import keras
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import _progress, collective, compat
+from keras_mgpu_plugins._progress import note_progress, paused  # noqa: F401 (public here)
 from keras_mgpu_plugins.callbacks import _stall
 
 #: Exit code of a worker that the watchdog stops (sysexits' EX_SOFTWARE).
 STALL_EXIT_CODE = 70
 #: Environment variable naming a folder shared by every worker of a job.
 JOB_DIR_ENV = "KMP_JOB_DIR"
-
-
-class _Clock:
-    """This process's progress: last time, count, and how many `paused` blocks are open."""
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-        self.count = 0
-        self.paused: list[str] = []
-
-    def touch(self) -> None:
-        self.last = time.monotonic()
-
-
-_clock = _Clock()
-
-
-def note_progress() -> None:
-    """Records progress of this worker (cheap: two assignments, no lock)."""
-    _clock.last = time.monotonic()
-    _clock.count += 1
-
-
-@contextlib.contextmanager
-def paused(what: str) -> Iterator[None]:
-    """Pauses this worker's stall clock while the block runs (a long write, a download)."""
-    _clock.paused.append(what)
-    try:
-        yield
-    finally:
-        _clock.paused.remove(what)
-        note_progress()
+#: This process's progress (`keras_mgpu_plugins._progress`).
+_clock = _progress.clock
 
 
 class StallWatchdog(keras.callbacks.Callback):
     """Fails the job, with every worker's Python stacks, when training stops progressing.
 
-    A thread on each worker watches progress: batches, epoch ends, evaluations.
+    A thread on each worker watches progress: batches, epoch ends, evaluations,
+    `kmp.collective` calls entered and left.
     When no worker has progressed for `timeout` seconds, every worker prints an
     explanation naming the stuck worker and where it is stuck (workers inside a
     TensorFlow op are taken as waiting for it in a collective), then the Python
     stacks of all its threads, and exits with code `STALL_EXIT_CODE` (70): under
     `kmp-launch` the launcher then stops the job and reports the stall; under
-    another scheduler the non-zero exit marks the job failed. First-step
-    tracing and checkpoint writes pause the clock; evaluation batches count as
-    progress. `kmp-launch --stall-timeout SECONDS` adds one to every `fit`.
+    another scheduler the non-zero exit marks the job failed. Tracing a
+    `tf.function` (then its first run, up to `timeout` more) and checkpoint
+    writes pause the clock; evaluation batches count as progress. `kmp-launch --stall-timeout SECONDS` adds one to every `fit`.
 
     Args:
         timeout: Seconds without progress on any worker before the job fails.
@@ -210,6 +182,9 @@ class _Watch:
         self.training_thread = threading.get_ident()
         self.fit_code = _fit_code(sys._getframe())
         self.started = time.time()
+        # The `tf.function` call seen tracing, and when its tracing was last seen.
+        self.traced_call: Any = None
+        self.traced_at = 0.0
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
@@ -231,12 +206,31 @@ class _Watch:
 
     def _report(self, frame: Any) -> _stall.Report:
         busy, inside_tf, where = _stall.locate(frame)
-        busy = busy or ", ".join(_clock.paused)
+        first_run = self._first_run(frame, busy)  # called on every look: it sees tracing too
+        busy = busy or first_run or ", ".join(_clock.paused)
         if busy:
             _clock.touch()
             where = f"{where} ({busy})"
         return _stall.Report(self.worker, time.monotonic() - _clock.last, time.time(),
                              _clock.count, "busy" if busy else "running", inside_tf, where)
+
+    def _first_run(self, frame: Any, busy: str) -> str:
+        """Busy while the call that traced a function runs it, up to `timeout` after tracing.
+
+        Its first run also builds and optimizes the graph and, on several workers, sets up
+        the collectives with every peer: often longer than a step. Bounded, because a peer
+        stuck before its first step leaves this call waiting for good.
+        """
+        if busy == "tracing a function":
+            self.traced_call, self.traced_at = _stall.outermost_call(frame), time.monotonic()
+            return ""
+        if self.traced_call is None:
+            return ""
+        if (time.monotonic() - self.traced_at < self.timeout
+                and _stall.has_frame(frame, self.traced_call)):
+            return "first run of a function just traced"
+        self.traced_call = None  # returned, or ran longer than timeout: a step like any other
+        return ""
 
     def _fail(self, message: str) -> None:
         prefix = "" if os.environ.get("KMP_LAUNCH_WORKER") else f"[worker {self.worker}] "
@@ -246,7 +240,9 @@ class _Watch:
             sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.splitlines()))
             sys.stderr.flush()
             sys.stdout.flush()
-        self.board.dumped(self.num_workers, wait_s=max(10.0, 3 * self.interval))
+        # The first worker to exit makes kmp-launch stop the others: first let each print
+        # (it sees the stall at its next look, then formats its stacks: slow on a busy machine).
+        self.board.dumped(self.num_workers, wait_s=max(30.0, 3 * self.interval))
         os._exit(STALL_EXIT_CODE)
 
 

@@ -48,9 +48,11 @@ def _slurm_missing() -> str | None:
     return None
 
 
+_MISSING = _slurm_missing()  # once: sinfo may retry for ~20 s where the daemons are down
+
 pytestmark = [
     pytest.mark.slurm, pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(1000),
-    pytest.mark.skipif(_slurm_missing() is not None, reason=str(_slurm_missing())),
+    pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING)),
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -1,9 +1,10 @@
 """`kmp.callbacks.StallWatchdog` with 2 real workers.
 
 A hang on one worker (worker 1 sleeps forever in `on_epoch_end` of its second
-epoch) ends the job with both workers' stacks and a verdict naming worker 1;
-a slow but progressing fit (first-step tracing slower than the timeout on a
-busy machine, evaluation) runs to its end; differing timeouts raise on both.
+epoch, or in a batch hook while worker 0 waits inside the compiled train step)
+ends the job with both workers' stacks and a verdict naming worker 1; a slow
+but progressing fit (a train step that takes longer than the timeout to trace,
+evaluation) runs to its end; differing timeouts raise on both.
 """
 
 from __future__ import annotations
@@ -54,19 +55,23 @@ print("fit returned", flush=True)
 """
 
 
-def test_a_hang_on_worker_1_fails_the_job_with_both_stacks(tmp_path):
-    """`kmp-launch --stall-timeout 20` gives every fit `StallWatchdog(timeout=20)`."""
+def _launch(tmp_path, script_text, stall_timeout):
+    """Runs a script on 2 workers under `kmp-launch --stall-timeout`; (exit code, output, end)."""
     script = tmp_path / "hang.py"
-    script.write_text(textwrap.dedent(HANG_SCRIPT))
+    script.write_text(textwrap.dedent(script_text))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2", "--timeout", "240",
-         "--stall-timeout", "20", str(script)],
+         "--stall-timeout", str(stall_timeout), str(script)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
-    ended = time.time()
-    out = done.stdout + done.stderr
-    assert done.returncode == 70, out[-3000:]
+    return done.returncode, done.stdout + done.stderr, time.time()
+
+
+def test_a_hang_on_worker_1_fails_the_job_with_both_stacks(tmp_path):
+    """`kmp-launch --stall-timeout 20` gives every fit `StallWatchdog(timeout=20)`."""
+    returncode, out, ended = _launch(tmp_path, HANG_SCRIPT, 20)
+    assert returncode == 70, out[-3000:]
     assert "fit returned" not in out
     hang = float(re.search(r"\[worker 1\] HANG at ([\d.]+)", out).group(1))
     assert ended - hang < 60, (ended - hang, out[-3000:])  # 20 s timeout, then the stop
@@ -86,6 +91,23 @@ def test_a_hang_on_worker_1_fails_the_job_with_both_stacks(tmp_path):
             or "kmp-launch: worker 1 of 2 was stopped by StallWatchdog (exit code 70)" in out)
 
 
+def test_a_hang_in_a_batch_hook_is_caught_while_the_other_waits_in_the_train_step(tmp_path):
+    """Worker 0 waits inside the compiled train step (a `tf.function` call, not tracing)."""
+    script = HANG_SCRIPT.replace("def on_epoch_end(self, epoch, logs=None):",
+                                 "def on_train_batch_end(self, batch, logs=None):").replace(
+        "if index == 1 and epoch == 1:", "if index == 1 and batch == 1:")
+    returncode, out, _ = _launch(tmp_path, script, 10)
+    assert returncode == 70, out[-3000:]
+    assert ("[worker 0] StallWatchdog: no worker made progress for 10 seconds (timeout=10); "
+            "stuck: worker 1\n") in out, out[-3000:]
+    assert re.search(r"\[worker 0\]   worker 0: waiting inside TensorFlow at ", out)
+    assert re.search(r"\[worker 0\]   worker 1: stuck in sleep_forever_in_epoch_end", out)
+
+
+#: Seconds the train step takes to trace in `fit_then_differ`: 4 s above its watchdog's timeout.
+TRACE_S = 12
+
+
 def fit_then_differ():
     import keras
     import numpy as np
@@ -93,9 +115,15 @@ def fit_then_differ():
     from keras_mgpu_plugins.callbacks import _stall
     from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
 
+    class SlowToTrace(keras.layers.Layer):
+        def call(self, inputs, training=None):
+            if training:  # Python in `call` runs while the train step is traced, not per step
+                time.sleep(TRACE_S)
+            return inputs
+
     @kmp.parallelize
     def build():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model = keras.Sequential([keras.Input((4,)), SlowToTrace(), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
         return model
 
@@ -104,7 +132,8 @@ def fit_then_differ():
     model = build()
     started = time.monotonic()
     history = model.fit(x, x[:, :1], batch_size=16, epochs=3, verbose=0,
-                        validation_data=(x, x[:, :1]), callbacks=[StallWatchdog(timeout=3)])
+                        validation_data=(x, x[:, :1]),
+                        callbacks=[StallWatchdog(timeout=TRACE_S - 4)])
     first_fit_s = time.monotonic() - started
     board = _stall.Board(os.path.join(os.environ["KMP_JOB_DIR"], "stall_watchdog"), rank)
     # Each worker marks itself finished in its own on_train_end; nothing orders that against
@@ -115,12 +144,18 @@ def fit_then_differ():
         if states == ["finished", "finished"] or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    from keras_mgpu_plugins._progress import clock
+
+    before = clock.count
+    kmp.collective.agree(True, model.distribute_strategy)  # entered and left: 2 progress events
+    collective_progress = clock.count - before
     try:
         model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[StallWatchdog(timeout=10 + rank)])
         differing = None
     except Exception as err:  # noqa: BLE001 - the message is the result
         differing = f"{type(err).__name__}: {err}"
     return {"epochs": len(history.history["loss"]), "first_fit_s": first_fit_s,
+            "collective_progress": collective_progress,
             "states": states, "differing": differing}
 
 
@@ -128,12 +163,14 @@ def test_progressing_fit_finishes_and_differing_timeouts_raise_on_both():
     results = kmp.launch(fit_then_differ, num_workers=2, timeout=240)
     for rank, r in enumerate(results):
         assert r["epochs"] == 3 and r["states"] == ["finished", "finished"], r
+        assert r["collective_progress"] == 2
         assert r["differing"] == (
             "SettingsDifferError: StallWatchdog must be created with the same arguments on "
             "every worker: they decide where it runs collective operations, and a worker that "
             "runs fewer would leave the others waiting. Differing: timeout (here "
             f"{10.0 + rank!r}; differs from the chief's on worker(s) 1).")
-    print("first fit took", [r["first_fit_s"] for r in results], "s with timeout=3")
+        assert r["first_fit_s"] > TRACE_S  # the tracing alone outlasted the timeout
+    print("first fit took", [r["first_fit_s"] for r in results], f"s with timeout={TRACE_S - 4}")
 
 
 def fit_with_watchdog_on_worker_0_only():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -29,8 +30,9 @@ def test_defaults():
     assert watchdog.poll_interval == 1.0 and StallWatchdog(timeout=2).poll_interval == 0.2
 
 
-def _report(worker, idle, inside_tf=True, progress=10, state="running", where="somewhere"):
-    return _stall.Report(worker, idle, 1000.0, progress, state, inside_tf, where)
+def _report(worker, idle, inside_tf=True, progress=10, state="running", where="somewhere",
+            written_at=1000.0):
+    return _stall.Report(worker, idle, written_at, progress, state, inside_tf, where)
 
 
 def test_no_stall_while_one_worker_progresses():
@@ -39,9 +41,28 @@ def test_no_stall_while_one_worker_progresses():
 
 
 def test_stale_heartbeat_counts_as_idle():
-    reports = {0: _report(0, 30), 1: _report(1, 3, inside_tf=False)}
-    verdict = _stall.decide(reports, 2, 20, now=1018.0, unreported_idle=0)
+    reports = {0: _report(0, 30, written_at=1004.0), 1: _report(1, 16, inside_tf=False)}
+    verdict = _stall.decide(reports, 2, 20, now=1004.0, unreported_idle=0)
     assert verdict is not None and verdict.stuck == (1,)
+
+
+def test_a_stale_heartbeat_is_waited_for_then_its_silent_worker_named():
+    """A loaded machine delays a heartbeat: its `where` is old news (worker 0 was seen
+    between two collectives, outside TensorFlow), so no verdict blames it; once silent for
+    `timeout`, the worker itself is stuck (a waiting worker's thread keeps writing)."""
+    waiting_seen_in_python = _report(0, 15, inside_tf=False, where="in on_epoch_end (k.py:3)")
+    def stuck_one(now):
+        return _report(1, 40, inside_tf=False, where="in sleep_forever (t.py:9)", written_at=now)
+
+    reports = {0: waiting_seen_in_python, 1: stuck_one(1012.0)}
+    assert _stall.decide(reports, 2, 20, now=1012.0, unreported_idle=0) is None
+    reports = {0: waiting_seen_in_python, 1: stuck_one(1020.0)}
+    verdict = _stall.decide(reports, 2, 20, now=1020.0, unreported_idle=0)
+    assert verdict.stuck == (0, 1)
+    assert "worker 0: stuck: its heartbeat stopped 20 s ago" in verdict.message
+    fresh = {0: _report(0, 21, where="inside TensorFlow at all_reduce", written_at=1010.0),
+             1: stuck_one(1012.0)}
+    assert _stall.decide(fresh, 2, 20, now=1012.0, unreported_idle=0).stuck == (1,)
 
 
 def test_stuck_is_the_worker_outside_tensorflow():
@@ -163,3 +184,102 @@ def test_add_to_every_fit_adds_one_watchdog(monkeypatch):
     assert seen[0].count("StallWatchdog") == 1 and seen[1].count("StallWatchdog") == 1
     with pytest.raises(ValueError, match="Received: timeout=0"):
         stall_watchdog.add_to_every_fit(0)
+
+
+def test_a_step_blocked_inside_a_tf_function_is_not_taken_for_tracing():
+    """After the first call, every call of a `tf.function` has
+    `tracing_compilation.call_function` on its stack; only `func_graph.py` (tracing itself)
+    pauses the clock. A train step waiting in a collective for a stuck peer must count as
+    idle, or no stall is ever declared."""
+    import tensorflow as tf
+
+    entered, release, seen = threading.Event(), threading.Event(), {}
+
+    def block(x):  # runs when the traced graph executes (a collective waiting for a peer)
+        entered.set()
+        release.wait()
+        return x
+
+    @tf.function
+    def step(x):
+        seen["tracing"] = _stall.locate(sys._getframe())  # Python runs only while tracing
+        return tf.py_function(block, [x], tf.float32)
+
+    release.set()
+    step(tf.constant(1.0))  # traces, then runs
+    entered.clear()
+    release.clear()
+    thread = threading.Thread(target=step, args=(tf.constant(2.0),), name="step")
+    thread.start()
+    try:
+        assert entered.wait(60)
+        frame = sys._current_frames()[thread.ident]
+        busy, inside_tf, _ = _stall.locate(frame)
+        names = [f.name for f in traceback.extract_stack(frame)]
+        call = _stall.outermost_call(frame)
+        on_stack = call is not None and _stall.has_frame(frame, call)
+    finally:
+        release.set()
+        thread.join()
+    assert seen["tracing"][0] == "tracing a function"
+    assert "call_function" in names  # tracing_compilation's, on every call after the first
+    assert busy == "" and on_stack
+    assert _stall.outermost_call(sys._getframe()) is None
+
+
+def test_the_first_run_of_a_function_just_traced_pauses_the_clock_up_to_timeout():
+    """Tracing, then the same call's first run (graph optimization, collective setup):
+    busy, but only up to `timeout` after the tracing was last seen; a later call is not."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins.callbacks.stall_watchdog import _Watch
+
+    tracing, executing, go = threading.Event(), threading.Event(), threading.Event()
+
+    def block(x):
+        executing.set()
+        go.wait()
+        return x
+
+    @tf.function
+    def step(x):
+        tracing.set()
+        go.wait()  # Python in a tf.function runs only while it is traced
+        return tf.py_function(block, [x], tf.float32)
+
+    watch = _Watch(timeout=30.0, interval=1.0, directory=None, stop=threading.Event())
+
+    def look(thread):
+        return watch._report(sys._current_frames()[thread.ident])
+
+    def call():
+        thread = threading.Thread(target=step, args=(tf.constant(1.0),), name="step")
+        thread.start()
+        return thread
+
+    states = []
+    thread = call()
+    try:
+        assert tracing.wait(60)
+        states.append(look(thread).where)
+        go.set()  # tracing ends; the first run blocks in `block`
+        assert executing.wait(60)
+        executing.clear()
+        go.clear()
+        states.append(look(thread).where)
+        watch.traced_at -= 30.0  # as if the first run had lasted `timeout`
+        states.append(look(thread).state)
+    finally:
+        go.set()
+        thread.join()
+    go.clear()
+    thread = call()  # traced already: a step like any other
+    try:
+        assert executing.wait(60)
+        states.append(look(thread).state)
+    finally:
+        go.set()
+        thread.join()
+    assert states[0].endswith("(tracing a function)")
+    assert states[1].endswith("(first run of a function just traced)")
+    assert states[2:] == ["running", "running"]
