@@ -291,6 +291,7 @@ def patch_steps_per_execution() -> Any:
                 outputs = one_step(data)
             return outputs
 
+        function._kmp_step_loop = multi_step  # for tests: the traced loop of one execution
         return function
 
     tf_trainer.TensorFlowTrainer._make_function = _make_function

@@ -27,6 +27,7 @@ def on_each_worker():
         "inputs": s.input_types_run("auto", ("dict_multi_io",)),
         "clip_ema": s.xla_and_accumulation_run("auto", jit_compile=False, **CLIP_EMA),
         "clip_accumulation": s.xla_and_accumulation_run("auto", **CLIP_ACCUMULATION),
+        "loop_collectives": s.step_loop_collectives("auto"),
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
     }
@@ -66,6 +67,13 @@ def test_steps_per_execution_with_batch_hooks_matches_one_device(workers):
         np.testing.assert_allclose(run["predict"], one["predict"], atol=1e-5)  # every row, in order
         assert run["train_batches"] == one["train_batches"]
     assert workers[0]["steps_per_execution"]["saved"] == one["saved"]  # the chief's checkpoints
+
+
+def test_steps_per_execution_reduces_the_logs_once_per_execution(workers):
+    """Per step: the packed gradient all-reduce and the input check that every worker has a
+    batch; the logs (loss, mae) are reduced across workers after the loop, not per step."""
+    for worker in workers:
+        assert worker["loop_collectives"] == {"per_step": 2, "per_execution": 1}
 
 
 def test_sync_batchnorm_matches_one_device_on_the_global_batch(workers):
