@@ -1,4 +1,4 @@
-"""Keras patch: the distributed iterators a `fit` used are released off the training thread.
+"""Keras patch: the distributed iterators a multi-worker `fit` used are released off the training thread.
 
 `patch_release_iterators_off_thread` keeps every distributed iterator Keras's
 `TFEpochIterator` makes under a distributing strategy until the call that used
@@ -13,19 +13,23 @@ import atexit
 import queue
 import sys
 import threading
+import time
+import warnings
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_trainer import distributing
 
 #: The thread that destroys released iterators (its name, for tests and stack dumps).
 REAPER_NAME = "kmp-iterator-release"
 _EXIT_DEADLINE_S = 60.0  # at exit, how long the last releases may take
+_STALL_S = 60.0  # one destruction taking longer: stop keeping iterators (Keras's behaviour)
 
 _lock = threading.Lock()
 _kept: list[Any] = []  # iterators handed to Keras, not yet released
 _released: queue.Queue | None = None
 _reaper: threading.Thread | None = None
+_busy_since: float | None = None  # when the release thread began its current destruction
+_stalled = False
 
 
 def patch_release_iterators_off_thread() -> Any:
@@ -38,8 +42,13 @@ def patch_release_iterators_off_thread() -> Any:
     TensorFlow 2.21), several times a short `fit`'s compute, while the same
     destruction on another thread took 5-10 ms. No upstream issue found.
 
-    Under a distributing strategy every iterator `TFEpochIterator` makes is
-    also kept here. When the next one is made (the next epoch, `fit`,
+    Under MultiWorkerMirroredStrategy every iterator `TFEpochIterator` makes
+    of arrays (NumPy arrays, tensors: Keras's `ArrayDataAdapter`, a pipeline of
+    TensorFlow ops only) is also kept here. Other inputs, and other strategies,
+    are left to Keras: under MirroredStrategy a destruction on another thread
+    was seen to block forever (after a sequence of fits of the test suite, not
+    root-caused), and the cost was only measured on several workers. Should one
+    destruction take over 60 s, iterators are no longer kept (one warning). When the next one is made (the next epoch, `fit`,
     `evaluate` or `predict`), each kept iterator that nothing else references
     any more (its `fit` has returned) is handed to one background thread,
     `REAPER_NAME`, which drops it: nothing is leaked beyond the last call's
@@ -47,12 +56,15 @@ def patch_release_iterators_off_thread() -> Any:
     order it is read in, do not change.
     """
     from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 
     original = tf_trainer.TFEpochIterator._get_iterator
 
     def _get_iterator(self):
         dataset = original(self)
-        if self._distribute_strategy is None or not distributing(self._distribute_strategy):
+        if (_stalled or self._distribute_strategy is None
+                or not tf_trainer._collective_all_reduce_multi_worker(self._distribute_strategy)
+                or not isinstance(self.data_adapter, ArrayDataAdapter)):
             return dataset
         release_unused()
         return _Kept(dataset)
@@ -80,7 +92,16 @@ def release_unused() -> int:
     Returns:
         How many were handed over.
     """
+    global _stalled
     handed = 0
+    busy_since = _busy_since
+    if busy_since is not None and time.monotonic() - busy_since > _STALL_S and not _stalled:
+        _stalled = True
+        warnings.warn(
+            f"kmp.compat patch release_iterators_off_thread: destroying a used distributed "
+            f"iterator on thread {REAPER_NAME!r} has taken over {_STALL_S:.0f} s; from now on "
+            "Keras destroys them on the training thread, as without the patch. Please report it.",
+            RuntimeWarning, stacklevel=2)
     with _lock:
         still_used = []
         while _kept:
@@ -110,11 +131,14 @@ def _release_thread() -> queue.Queue:
 
 
 def _drop_each(released: queue.Queue) -> None:
+    global _busy_since
     while True:
         iterator = released.get()
         if iterator is None:
             return
+        _busy_since = time.monotonic()
         del iterator  # destroyed here, off the training thread
+        _busy_since = None
 
 
 def _release_all_at_exit() -> None:
@@ -127,7 +151,8 @@ def _release_all_at_exit() -> None:
             released.put(_kept.pop())
         released.put(None)
         reaper = _reaper
-    reaper.join(_EXIT_DEADLINE_S)
+    if not _stalled:  # a stalled thread would only delay the exit
+        reaper.join(_EXIT_DEADLINE_S)
 
 
 def keeps_iterator_on_training_thread() -> bool | None:

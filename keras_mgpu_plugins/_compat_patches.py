@@ -4,7 +4,7 @@ Each patch names the upstream issue it works around and the Keras versions it
 is known for (it is applied only there), and is tested by a real multi-worker
 run that fails without it (`tests/multi_worker/test_fit.py`). The patches
 themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
-`_compat_optim` and `_compat_data`.
+`_compat_optim`, `_compat_data` and `_compat_iterators`.
 """
 
 from __future__ import annotations

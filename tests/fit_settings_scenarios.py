@@ -385,3 +385,47 @@ def step_loop_collectives(strategy, steps_per_execution=4):
     assert len(loops) == 1, [n.op for n in graph.node]
     per_step = sum(count(library[loops[0].attr[a].func.name].node_def) for a in ("cond", "body"))
     return {"per_step": per_step, "per_execution": count(graph.node) - per_step}
+
+
+def iterator_release(strategy):
+    """The threads that destroy the distributed iterators of a first `fit`, once a second ran.
+
+    Returns `(thread names, iterators the first fit made)`; waits for every one of them to
+    be destroyed (at most 60 s).
+    """
+    import gc
+    import threading
+    import weakref
+
+    from tensorflow.python.distribute import input_lib
+
+    import keras_mgpu_plugins as kmp
+
+    threads: list[str] = []
+    all_destroyed = threading.Event()
+    made = []
+    original = input_lib.DistributedDataset.__iter__
+
+    def on_destroy():
+        threads.append(threading.current_thread().name)
+        if len(threads) >= len(made):
+            all_destroyed.set()
+
+    def watched_iter(self):
+        iterator = original(self)
+        made.append(1)
+        weakref.finalize(iterator, on_destroy)
+        return iterator
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(model_factory())()
+    input_lib.DistributedDataset.__iter__ = watched_iter
+    try:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    finally:
+        input_lib.DistributedDataset.__iter__ = original
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    gc.collect()  # Keras's epoch iterator may sit in a reference cycle
+    model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
+    all_destroyed.wait(60)
+    return threads, len(made)

@@ -5,10 +5,6 @@ Mechanism tests, no timings (`benchmarks/workers_throughput.py` measures the cos
 
 from __future__ import annotations
 
-import gc
-import threading
-import weakref
-
 import pytest
 
 from keras_mgpu_plugins import compat
@@ -66,63 +62,3 @@ def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
         tf_trainer.TensorFlowTrainer._maybe_symbolic_build = patched
     assert second == first
 
-
-def destroying_threads(monkeypatch):
-    """The threads that destroy the distributed iterators of a first `fit`, once a second ran."""
-    from tensorflow.python.distribute import input_lib
-
-    import keras_mgpu_plugins as kmp
-
-    threads: list[str] = []
-    all_destroyed = threading.Event()
-    made = []
-    original = input_lib.DistributedDataset.__iter__
-
-    def on_destroy():
-        threads.append(threading.current_thread().name)
-        if len(threads) >= len(made):
-            all_destroyed.set()
-
-    def watched_iter(self):
-        iterator = original(self)
-        made.append(1)
-        weakref.finalize(iterator, on_destroy)
-        return iterator
-
-    x, y = s.make_data()
-    model = kmp.parallelize(strategy="mirrored")(s.model_factory())()
-    monkeypatch.setattr(input_lib.DistributedDataset, "__iter__", watched_iter)
-    model.fit(x, y, batch_size=s.BATCH, epochs=1, shuffle=False, verbose=0)
-    first = len(made)
-    monkeypatch.setattr(input_lib.DistributedDataset, "__iter__", original)
-    model.fit(x, y, batch_size=s.BATCH, epochs=1, shuffle=False, verbose=0)
-    gc.collect()  # Keras's epoch iterator may sit in a reference cycle
-    model.evaluate(x, y, batch_size=s.BATCH, verbose=0)  # its iterator releases the rest
-    assert all_destroyed.wait(60), f"{len(threads)} of {first} iterators destroyed"
-    return threads, first
-
-
-def test_iterators_of_a_finished_fit_are_destroyed_off_the_training_thread(monkeypatch):
-    """Destroying a used distributed iterator blocked the training thread for 0.24-10 s per
-    fit on 2 workers; kmp's release thread destroys them once their fit has returned."""
-    from keras_mgpu_plugins._compat_iterators import REAPER_NAME
-
-    threads, first = destroying_threads(monkeypatch)
-    assert first >= 2  # the epoch's iterator and the one Keras makes at the epoch's end
-    assert threads == [REAPER_NAME] * first
-
-
-def test_keras_destroys_them_on_the_training_thread(monkeypatch):
-    """Keras as released: the patch is what moves the destruction (fails once upstream does)."""
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    from keras_mgpu_plugins import _compat_patches
-
-    assert "release_iterators_off_thread" in compat.patch_keras()
-    patched = tf_trainer.TFEpochIterator._get_iterator
-    _compat_patches._applied["release_iterators_off_thread"]()
-    try:
-        threads, _ = destroying_threads(monkeypatch)
-    finally:
-        tf_trainer.TFEpochIterator._get_iterator = patched
-    assert threading.main_thread().name in threads
