@@ -37,23 +37,26 @@ def patch_release_iterators_off_thread() -> Any:
 
     `fit`'s epoch loop holds the last reference to the epoch's distributed
     iterator, so it is destroyed when `fit` returns, on the training thread.
-    Under MultiWorkerMirroredStrategy that took 0.24 s to 10 s per `fit` on
-    2 workers sharing 2 cores (`benchmarks/workers_throughput.py`, Keras 3.15,
-    TensorFlow 2.21), several times a short `fit`'s compute, while the same
+    Under MultiWorkerMirroredStrategy that took 0.16-5 s per `fit` (median over
+    fits; up to 15 s) on 2 workers sharing 2 cores, while the other worker
+    waited in its next collective (`benchmarks/workers_throughput.py`, Keras
+    3.15, TensorFlow 2.21), more than a 160-step `fit`'s compute; the same
     destruction on another thread took 5-10 ms. No upstream issue found.
 
     Under MultiWorkerMirroredStrategy every iterator `TFEpochIterator` makes
     of arrays (NumPy arrays, tensors: Keras's `ArrayDataAdapter`, a pipeline of
-    TensorFlow ops only) is also kept here. Other inputs, and other strategies,
-    are left to Keras: under MirroredStrategy a destruction on another thread
-    was seen to block forever (after a sequence of fits of the test suite, not
-    root-caused), and the cost was only measured on several workers. Should one
-    destruction take over 60 s, iterators are no longer kept (one warning). When the next one is made (the next epoch, `fit`,
-    `evaluate` or `predict`), each kept iterator that nothing else references
-    any more (its `fit` has returned) is handed to one background thread,
-    `REAPER_NAME`, which drops it: nothing is leaked beyond the last call's
-    iterators, released at exit (waited for at most 60 s). The data, and the
-    order it is read in, do not change.
+    TensorFlow ops only) is also kept here. When the next iterator is made (the
+    next epoch, `fit`, `evaluate` or `predict`), each kept iterator that nothing
+    else references any more (its call has returned) is handed to one
+    background thread, `REAPER_NAME`, which drops it: nothing is leaked beyond
+    the last call's iterators, released at exit (waited for at most 60 s). The
+    data, and the order it is read in, do not change.
+
+    Other inputs, and other strategies, are left to Keras: under
+    MirroredStrategy a destruction on another thread was seen to block forever
+    (after a sequence of fits of the test suite; not root-caused), and the cost
+    was only measured on several workers. Should one destruction take over
+    60 s, iterators are no longer kept (one warning).
     """
     from keras.src.backend.tensorflow import trainer as tf_trainer
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
@@ -62,11 +65,11 @@ def patch_release_iterators_off_thread() -> Any:
 
     def _get_iterator(self):
         dataset = original(self)
+        release_unused()  # earlier calls' iterators, whatever this one's input
         if (_stalled or self._distribute_strategy is None
                 or not tf_trainer._collective_all_reduce_multi_worker(self._distribute_strategy)
                 or not isinstance(self.data_adapter, ArrayDataAdapter)):
             return dataset
-        release_unused()
         return _Kept(dataset)
 
     tf_trainer.TFEpochIterator._get_iterator = _get_iterator

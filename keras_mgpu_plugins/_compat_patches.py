@@ -153,8 +153,8 @@ PATCHES: tuple[Patch, ...] = (
         present=pool_initializer_keeps_sigterm,
     ),
     # No upstream issue found: destroying a used distributed iterator blocks the training
-    # thread for 0.24-10 s under MultiWorkerMirroredStrategy (5-10 ms on another thread); the
-    # upstream field names the code that drops it there. Checked on Keras 3.15.
+    # thread for 0.16-5 s (up to 15 s) per fit under MultiWorkerMirroredStrategy (5-10 ms on
+    # another thread); the upstream field names the code that drops it there. Keras 3.15.
     Patch(
         name="release_iterators_off_thread",
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
