@@ -23,6 +23,12 @@ def patch_symbolic_build() -> Any:
     reduce cannot take the nested per-replica input and `fit`, `evaluate` and
     `predict` fail before the first step. The batch is only needed for its
     shapes and dtypes, so the first local replica's part serves.
+
+    Once the model, its compiled loss and metrics and its optimizer are built
+    (every `fit` after the first), no batch is drawn: upstream still creates a
+    distributed iterator and fetches a batch for a build that does nothing,
+    which under MultiWorkerMirroredStrategy costs an iterator (tf.functions
+    traced for its devices, a prefetch thread) on every `fit`/`evaluate` call.
     """
     import tensorflow as tf
     from keras.src import tree
@@ -31,7 +37,7 @@ def patch_symbolic_build() -> Any:
     original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if self._distribute_strategy is None:
+        if self._distribute_strategy is None or _all_built(self):
             return
         strategy = self.distribute_strategy
         peeked = _peeked_generator_batch(iterator)
@@ -56,6 +62,14 @@ def patch_symbolic_build() -> Any:
 
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+
+
+def _all_built(model: Any) -> bool:
+    """Whether `_symbolic_build` has nothing left to build (the conditions upstream tests)."""
+    return (all(layer.built for layer in model._flatten_layers())
+            and getattr(model._compile_metrics, "built", True)
+            and getattr(model._compile_loss, "built", True)
+            and getattr(model.optimizer, "built", True))
 
 
 def _peeked_generator_batch(iterator: Any) -> Any:
@@ -200,6 +214,13 @@ def patch_steps_per_execution() -> Any:
     so under a distributing strategy the step runs unconditionally in the loop
     body; only fetching the next input stays in a `tf.cond` (it must not consume
     a batch beyond the N-th). Other strategies keep upstream's function.
+
+    The logs are reduced across replicas once per execution, after the loop:
+    upstream reduces them after every step, which under
+    MultiWorkerMirroredStrategy is one more cross-worker collective per step
+    (and a host round trip's worth of latency) for values that only the last
+    step's survive. The metrics are running means, so the last step's
+    per-replica values reduced once are exactly what upstream returns.
     """
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -226,8 +247,14 @@ def patch_steps_per_execution() -> Any:
             outputs = strategy.run(step_function, args=(data,))
             return tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto")
 
-        one_step = getattr(self, "_autoconvert_optionals", lambda f: f)(
+        def one_step_unreduced(data):  # the loop's step: its logs are reduced after the loop
+            return strategy.run(step_function, args=(data,))
+
+        autoconvert = getattr(self, "_autoconvert_optionals", lambda f: f)
+        one_step = autoconvert(
             tf.function(one_step_on_data, reduce_retracing=True, jit_compile=self.jit_compile))
+        loop_step = autoconvert(
+            tf.function(one_step_unreduced, reduce_retracing=True, jit_compile=self.jit_compile))
 
         def multi_step_on_iterator(iterator):
             n = self.steps_per_execution
@@ -237,7 +264,7 @@ def patch_steps_per_execution() -> Any:
                 return tf.logical_and(tf.less(step, n), inputs.has_value())
 
             def body(step, outputs, inputs):
-                new = tf.experimental.Optional.from_value(one_step(inputs.get_value()))
+                new = tf.experimental.Optional.from_value(loop_step(inputs.get_value()))
                 empty._element_spec = new.element_spec
                 following = tf.cond(tf.less(step + 1, n), iterator.get_next_as_optional,
                                     lambda: inputs)
@@ -250,17 +277,21 @@ def patch_steps_per_execution() -> Any:
 
         multi_step = tf.function(tf.autograph.experimental.do_not_convert(multi_step_on_iterator),
                                  reduce_retracing=True)
+        reduce_logs = tf.function(  # once per execution, on every worker: has_value agrees
+            lambda outputs: tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto"),
+            reduce_retracing=True)
 
         def function(iterator):
             if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
                 outputs = multi_step(iterator)
                 if not outputs.has_value():
                     raise StopIteration
-                return outputs.get_value()
+                return reduce_logs(outputs.get_value())
             for _, data in zip(range(self.steps_per_execution), iterator, strict=False):
                 outputs = one_step(data)
             return outputs
 
+        function._kmp_step_loop = multi_step  # for tests: the traced loop of one execution
         return function
 
     tf_trainer.TensorFlowTrainer._make_function = _make_function

@@ -12,9 +12,10 @@ in private modules, each under ~300 lines:
   `_compat_trainer` (symbolic build, scalar log reduce, `steps_per_execution`;
   also `distributing`, `refuse_unsupported_settings`), `_compat_loss_scale`,
   `_compat_fit` (`jit_compile=True`, `gradient_accumulation_steps`), `_compat_optim`
-  (clipping after the all-reduce, the EMA overwrite) and `_compat_data` (forked
+  (clipping after the all-reduce, the EMA overwrite), `_compat_data` (forked
   `PyDataset` workers on several workers; TensorFlow writing into a generator's
-  arrays on several devices).
+  arrays on several devices) and `_compat_iterators` (used distributed iterators
+  destroyed off the training thread).
   Users who build their own `tf.distribute.MultiWorkerMirroredStrategy` call
   `kmp.compat.patch_keras()` once; `parallelize` does it for them.
 - `_compat_private`: private API. The rest of the package touches no Keras

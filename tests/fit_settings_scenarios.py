@@ -354,3 +354,82 @@ def device_metrics_per_batch_run(strategy, steps_per_execution=4, log_freq=4):
     return {"rows": [(r["epoch"], r["batch"], r["kind"]) for r in rows],
             "records": len(logger.records), "history": history.history,
             "weights": model.get_weights()}
+
+
+def step_loop_collectives(strategy, steps_per_execution=4):
+    """The collective ops one execution's traced loop runs per step, and outside its loop.
+
+    Counted in the graph of the `steps_per_execution` loop (the function library,
+    nested calls followed): `{"per_step": n, "per_execution": m}`.
+    """
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(model_factory(steps_per_execution))()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
+    graph = model.train_function._kmp_step_loop.get_concrete_function(iterator).graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+
+    def count(nodes, seen=()):
+        total = 0
+        for node in nodes:
+            total += node.op.startswith("Collective")
+            for attr in node.attr.values():
+                names = [attr.func.name] + [f.name for f in attr.list.func]
+                for name in names:
+                    if name in library and name not in seen:
+                        total += count(library[name].node_def, (*seen, name))
+        return total
+
+    loops = [n for n in graph.node if n.op in ("While", "StatelessWhile")]
+    assert len(loops) == 1, [n.op for n in graph.node]
+    per_step = sum(count(library[loops[0].attr[a].func.name].node_def) for a in ("cond", "body"))
+    return {"per_step": per_step, "per_execution": count(graph.node) - per_step}
+
+
+def iterator_release(strategy):
+    """The threads that destroy the distributed iterators of a first `fit`, once a second ran.
+
+    Returns `(thread names, iterators the first fit made)`; waits for every one of them to
+    be destroyed (at most 60 s).
+    """
+    import gc
+    import threading
+    import weakref
+
+    from tensorflow.python.distribute import input_lib
+
+    import keras_mgpu_plugins as kmp
+
+    threads: list[str] = []
+    all_destroyed = threading.Event()
+    made = []
+    original = input_lib.DistributedDataset.__iter__
+
+    def on_destroy():
+        threads.append(threading.current_thread().name)
+        if len(threads) >= len(made):
+            all_destroyed.set()
+
+    def watched_iter(self):
+        iterator = original(self)
+        made.append(1)
+        weakref.finalize(iterator, on_destroy)
+        return iterator
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(model_factory())()
+    input_lib.DistributedDataset.__iter__ = watched_iter
+    try:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    finally:
+        input_lib.DistributedDataset.__iter__ = original
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    gc.collect()  # Keras's epoch iterator may sit in a reference cycle
+    model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
+    all_destroyed.wait(60)
+    return threads, len(made)

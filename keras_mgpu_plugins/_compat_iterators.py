@@ -1,0 +1,165 @@
+"""Keras patch: the distributed iterators a multi-worker `fit` used are released off the training thread.
+
+`patch_release_iterators_off_thread` keeps every distributed iterator Keras's
+`TFEpochIterator` makes under a distributing strategy until the call that used
+it (`fit`, `evaluate`, `predict`) has returned, then drops it on a thread of its
+own, so that its destruction (the MultiDeviceIterator, its per-device
+functions) no longer runs on the training thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from keras_mgpu_plugins._compat_checks import source_has
+
+#: The thread that destroys released iterators (its name, for tests and stack dumps).
+REAPER_NAME = "kmp-iterator-release"
+_EXIT_DEADLINE_S = 60.0  # at exit, how long the last releases may take
+_STALL_S = 60.0  # one destruction taking longer: stop keeping iterators (Keras's behaviour)
+
+_lock = threading.Lock()
+_kept: list[Any] = []  # iterators handed to Keras, not yet released
+_released: queue.Queue | None = None
+_reaper: threading.Thread | None = None
+_busy_since: float | None = None  # when the release thread began its current destruction
+_stalled = False
+
+
+def patch_release_iterators_off_thread() -> Any:
+    """Keras drops the distributed iterator of a `fit` on the training thread, where destroying it blocks.
+
+    `fit`'s epoch loop holds the last reference to the epoch's distributed
+    iterator, so it is destroyed when `fit` returns, on the training thread.
+    Under MultiWorkerMirroredStrategy that took 0.16-5 s per `fit` (median over
+    fits; up to 15 s) on 2 workers sharing 2 cores, while the other worker
+    waited in its next collective (`benchmarks/workers_throughput.py`, Keras
+    3.15, TensorFlow 2.21), more than a 160-step `fit`'s compute; the same
+    destruction on another thread took 5-10 ms. No upstream issue found.
+
+    Under MultiWorkerMirroredStrategy every iterator `TFEpochIterator` makes
+    of arrays (NumPy arrays, tensors: Keras's `ArrayDataAdapter`, a pipeline of
+    TensorFlow ops only) is also kept here. When the next iterator is made (the
+    next epoch, `fit`, `evaluate` or `predict`), each kept iterator that nothing
+    else references any more (its call has returned) is handed to one
+    background thread, `REAPER_NAME`, which drops it: nothing is leaked beyond
+    the last call's iterators, released at exit (waited for at most 60 s). The
+    data, and the order it is read in, do not change.
+
+    Other inputs, and other strategies, are left to Keras: under
+    MirroredStrategy a destruction on another thread was seen to block forever
+    (after a sequence of fits of the test suite; not root-caused), and the cost
+    was only measured on several workers. Should one destruction take over
+    60 s, iterators are no longer kept (one warning).
+    """
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    original = tf_trainer.TFEpochIterator._get_iterator
+
+    def _get_iterator(self):
+        dataset = original(self)
+        release_unused()  # earlier calls' iterators, whatever this one's input
+        if (_stalled or self._distribute_strategy is None
+                or not tf_trainer._collective_all_reduce_multi_worker(self._distribute_strategy)
+                or not isinstance(self.data_adapter, ArrayDataAdapter)):
+            return dataset
+        return _Kept(dataset)
+
+    tf_trainer.TFEpochIterator._get_iterator = _get_iterator
+    return lambda: setattr(tf_trainer.TFEpochIterator, "_get_iterator", original)
+
+
+class _Kept:
+    """What Keras iterates over (`iter(...)` only): the dataset, its iterators kept."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+
+    def __iter__(self) -> Any:
+        iterator = iter(self._dataset)
+        with _lock:
+            _kept.append(iterator)
+        return iterator
+
+
+def release_unused() -> int:
+    """Hands each kept iterator that only this module references to the release thread.
+
+    Returns:
+        How many were handed over.
+    """
+    global _stalled
+    handed = 0
+    busy_since = _busy_since
+    if busy_since is not None and time.monotonic() - busy_since > _STALL_S and not _stalled:
+        _stalled = True
+        warnings.warn(
+            f"kmp.compat patch release_iterators_off_thread: destroying a used distributed "
+            f"iterator on thread {REAPER_NAME!r} has taken over {_STALL_S:.0f} s; from now on "
+            "Keras destroys them on the training thread, as without the patch. Please report it.",
+            RuntimeWarning, stacklevel=2)
+    with _lock:
+        still_used = []
+        while _kept:
+            iterator = _kept.pop()
+            # References: `iterator` and getrefcount's argument; any more is a user of it.
+            if sys.getrefcount(iterator) > 2:
+                still_used.append(iterator)
+            else:
+                _release_thread().put(iterator)
+                handed += 1
+            del iterator
+        _kept.extend(reversed(still_used))
+    return handed
+
+
+def _release_thread() -> queue.Queue:
+    global _released, _reaper
+    if _reaper is None or not _reaper.is_alive():
+        _released = queue.Queue()
+        _reaper = threading.Thread(target=_drop_each, args=(_released,), name=REAPER_NAME,
+                                   daemon=True)
+        _reaper.start()
+        # Registered now, after TensorFlow's own handlers: atexit runs this one before them.
+        atexit.unregister(_release_all_at_exit)
+        atexit.register(_release_all_at_exit)
+    return _released
+
+
+def _drop_each(released: queue.Queue) -> None:
+    global _busy_since
+    while True:
+        iterator = released.get()
+        if iterator is None:
+            return
+        _busy_since = time.monotonic()
+        del iterator  # destroyed here, off the training thread
+        _busy_since = None
+
+
+def _release_all_at_exit() -> None:
+    """Releases every kept iterator before TensorFlow is torn down, with a deadline."""
+    with _lock:
+        if not _kept and _reaper is None:
+            return
+        released = _release_thread()
+        while _kept:
+            released.put(_kept.pop())
+        released.put(None)
+        reaper = _reaper
+    if not _stalled:  # a stalled thread would only delay the exit
+        reaper.join(_EXIT_DEADLINE_S)
+
+
+def keeps_iterator_on_training_thread() -> bool | None:
+    from keras.src.trainers import epoch_iterator
+
+    return source_has(epoch_iterator.EpochIterator._enumerate_iterator,
+                      "self._current_iterator = iter(self._get_iterator())")

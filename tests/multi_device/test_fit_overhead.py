@@ -1,0 +1,64 @@
+"""What a `fit` does besides training, under a distributing strategy (2 simulated devices).
+
+Mechanism tests, no timings (`benchmarks/workers_throughput.py` measures the cost).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keras_mgpu_plugins import compat
+from tests import fit_settings_scenarios as s
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def iterators_per_fit(monkeypatch, fits=2):
+    """The distributed iterators each of `fits` calls of `fit` creates."""
+    from tensorflow.python.distribute import input_lib
+
+    import keras_mgpu_plugins as kmp
+
+    made = []
+    original = input_lib.DistributedDataset.__iter__
+
+    def counting_iter(self):
+        made.append(1)
+        return original(self)
+
+    monkeypatch.setattr(input_lib.DistributedDataset, "__iter__", counting_iter)
+    x, y = s.make_data()
+    model = kmp.parallelize(strategy="mirrored")(s.model_factory())()
+    counts = []
+    for _ in range(fits):
+        made.clear()
+        model.fit(x, y, batch_size=s.BATCH, epochs=1, shuffle=False, verbose=0)
+        counts.append(len(made))
+    return counts
+
+
+def test_fit_of_a_built_model_draws_no_batch_for_the_build(monkeypatch):
+    """The first fit draws a batch from an iterator of its own to build the model; later
+    fits build nothing, so they make no such iterator (under MultiWorkerMirroredStrategy
+    each costs tf.functions traced for its devices and a prefetch thread)."""
+    first, second = iterators_per_fit(monkeypatch)
+    assert second == first - 1
+
+
+def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
+    """Without kmp's `_maybe_symbolic_build` every fit makes the build's iterator (Keras as
+    released): the patch's saving is real. Fails once upstream skips it for a built model."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    from keras_mgpu_plugins import _compat_patches
+
+    assert "symbolic_build_per_replica_batch" in compat.patch_keras()
+    undo = _compat_patches._applied["symbolic_build_per_replica_batch"]
+    patched = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    undo()
+    try:
+        first, second = iterators_per_fit(monkeypatch)
+    finally:
+        tf_trainer.TensorFlowTrainer._maybe_symbolic_build = patched
+    assert second == first
+
