@@ -235,10 +235,11 @@ def test_the_first_run_of_a_function_just_traced_pauses_the_clock_up_to_timeout(
     from keras_mgpu_plugins.callbacks.stall_watchdog import _Watch
 
     tracing, executing, go = threading.Event(), threading.Event(), threading.Event()
+    finish = threading.Event()  # not `go`: set while the first run starts, it would not block
 
     def block(x):
         executing.set()
-        go.wait()
+        finish.wait()
         return x
 
     @tf.function
@@ -265,20 +266,20 @@ def test_the_first_run_of_a_function_just_traced_pauses_the_clock_up_to_timeout(
         go.set()  # tracing ends; the first run blocks in `block`
         assert executing.wait(60)
         executing.clear()
-        go.clear()
         states.append(look(thread).where)
         watch.traced_at -= 30.0  # as if the first run had lasted `timeout`
         states.append(look(thread).state)
     finally:
         go.set()
+        finish.set()
         thread.join()
-    go.clear()
+    finish.clear()
     thread = call()  # traced already: a step like any other
     try:
         assert executing.wait(60)
         states.append(look(thread).state)
     finally:
-        go.set()
+        finish.set()
         thread.join()
     assert states[0].endswith("(tracing a function)")
     assert states[1].endswith("(first run of a function just traced)")
