@@ -74,21 +74,23 @@ def test_automatic_stages_hold_in_the_traced_train_step():
         assert short(v.value.device) == stage[layer], v.path
 
 
-def test_explicit_scopes_per_call_and_shared_layer_on_both_devices():
-    @kmp.parallelize(strategy="model_parallel")
-    def build():
-        a, b = keras.Input((6,)), keras.Input((6,))
-        shared, probe = keras.layers.Dense(4, name="shared"), Probe(name="shared_probe")
-        with tf.device("/cpu:1"):
-            ea = probe(shared(a))
-        with keras.device("cpu:0"):
-            eb = probe(shared(b))
-        out = keras.layers.Dense(1, name="out")(keras.layers.concatenate([ea, eb]))
-        model = keras.Model([a, b], out)
-        model.compile(optimizer="sgd", loss="mse")
-        return model
+@kmp.parallelize(strategy="model_parallel")
+def branches():
+    """A shared layer called under `tf.device("/cpu:1")`, then under `keras.device("cpu:0")`."""
+    a, b = keras.Input((6,)), keras.Input((6,))
+    shared, probe = keras.layers.Dense(4, name="shared"), Probe(name="shared_probe")
+    with tf.device("/cpu:1"):
+        ea = probe(shared(a))
+    with keras.device("cpu:0"):
+        eb = probe(shared(b))
+    out = keras.layers.Dense(1, name="out")(keras.layers.concatenate([ea, eb]))
+    model = keras.Model([a, b], out)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
 
-    model = build()
+
+def test_explicit_scopes_per_call_and_shared_layer_on_both_devices():
+    model = branches()
     x, y = data()
     SEEN.clear()
     model.fit([x, x[::-1]], y, batch_size=8, verbose=0)

@@ -11,21 +11,17 @@ import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from tests.multi_device.test_model_parallel import D0, D1, SEEN, Probe, data, mlp, short, two_tower
-
-
-@kmp.parallelize(strategy="model_parallel")
-def branches():
-    a, b = keras.Input((6,)), keras.Input((6,))
-    shared, probe = keras.layers.Dense(4, name="shared"), Probe(name="shared_probe")
-    with tf.device("/cpu:1"):
-        ea = probe(shared(a))
-    with keras.device("cpu:0"):
-        eb = probe(shared(b))
-    out = keras.layers.Dense(1, name="out")(keras.layers.concatenate([ea, eb]))
-    model = keras.Model([a, b], out)
-    model.compile(optimizer="sgd", loss="mse")
-    return model
+from tests.multi_device.test_model_parallel import (
+    D0,
+    D1,
+    SEEN,
+    Probe,
+    branches,
+    data,
+    mlp,
+    short,
+    two_tower,
+)
 
 
 def test_explicit_scopes_hold_in_evaluate_predict_and_a_tf_function():
