@@ -304,23 +304,40 @@ os._exit(0)
 """
 
 
-def pool_exits(patched, deadline):
+def pool_exits(patched, deadline, tmp_path):
+    """Runs POOL_EXITS in a session of its own, its output to a file, and kills what it leaves.
+
+    The pool forks a replacement for the worker it lost; one forked after the script's last
+    look outlives it. A pipe it held would keep `subprocess.run` waiting until its timeout."""
+    import os
+    import signal
     import subprocess
     import sys
 
     code = "import keras\n" + POOL_EXITS.format(patched=patched, deadline=deadline)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+    log = tmp_path / f"pool-{patched}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=240)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the leftover workers, if any
+            except ProcessLookupError:
+                pass
+    text = log.read_text()
+    assert returncode == 0, text[-2000:]
+    return text.strip().splitlines()[-1]
 
 
-def test_py_dataset_pool_workers_stop_on_sigterm_under_a_foreign_handler():
+def test_py_dataset_pool_workers_stop_on_sigterm_under_a_foreign_handler(tmp_path):
     """py_dataset_pool_default_sigterm: Keras's forked PyDataset workers inherit a SIGTERM
     handler set outside Python (TensorFlow's, on several workers) and the pool's shutdown waits
     for them forever; patched, they stop. tests/multi_worker/test_fit_settings.py runs it on 2
     workers."""
-    assert pool_exits(patched=True, deadline=120) == "stopped"
-    assert pool_exits(patched=False, deadline=10) == "stuck"  # drop the patch when this stops
+    assert pool_exits(patched=True, deadline=120, tmp_path=tmp_path) == "stopped"
+    assert pool_exits(patched=False, deadline=10, tmp_path=tmp_path) == "stuck"  # drop the patch when this stops
 
 
 def test_the_code_each_patch_fixes_is_in_the_installed_keras():
