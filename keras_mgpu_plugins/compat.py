@@ -15,7 +15,10 @@ in private modules, each under ~300 lines:
   (clipping after the all-reduce, the EMA overwrite), `_compat_data` (forked
   `PyDataset` workers on several workers; TensorFlow writing into a generator's
   arrays on several devices) and `_compat_iterators` (used distributed iterators
-  destroyed off the training thread).
+  destroyed off the training thread). `_compat_env` is the one workaround set
+  through the environment rather than by patching: glibc's malloc top pad for
+  the workers kmp starts (TensorFlow page-faulting each step's buffers in again
+  under several workers), applied by the launcher (`launch._tuning`).
   Users who build their own `tf.distribute.MultiWorkerMirroredStrategy` call
   `kmp.compat.patch_keras()` once; `parallelize` does it for them.
 - `_compat_private`: private API. The rest of the package touches no Keras

@@ -3,7 +3,9 @@
 Each worker is a fresh Python process (never a fork) in its own session, with a
 `TF_CONFIG` describing a localhost cluster on free ports, the parent's
 environment, working directory and (for `launch`) `sys.path`. Its output is
-relayed line by line with a `[worker i] ` prefix. Pickled payloads travel
+relayed line by line with a `[worker i] ` prefix. Workers sharing the host
+get their share of its cores for TensorFlow's thread pools, and glibc's top pad
+(`launch._tuning`), unless the user set those variables. Pickled payloads travel
 through a private temporary folder (mode 0700), never over the network.
 
 The run fails fast: when a worker raises, exits non-zero or dies, every other
