@@ -47,12 +47,12 @@ SETTINGS = {
              "callbacks": {"repeats": 7, "epochs": 3, "steps": 200},
              "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
-             "workers": {"repeats": 3, "steps": 160}},
+             "workers": {"repeats": 3, "steps": 160, "rounds": 3}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
-              "workers": {"repeats": 2, "steps": 160}},
+              "workers": {"repeats": 2, "steps": 160, "rounds": 1}},
 }
 
 
@@ -245,18 +245,20 @@ def bench_checkpoint(repeats: int, epochs: int, width: int, steps: int = 4) -> l
             row(name, "ratio sync / async", sync / asyn, "x")]
 
 
-def bench_workers(repeats: int, steps: int) -> list[dict]:
+def bench_workers(repeats: int, steps: int, rounds: int) -> list[dict]:
     import workers_throughput
 
     rows = []
     for n in (1, 16):  # steps_per_execution
-        r = workers_throughput.measure(repeats=repeats, steps=steps, steps_per_execution=n)
+        r = workers_throughput.measure(repeats=repeats, steps=steps, steps_per_execution=n,
+                                       rounds=rounds)
         name = f"1 vs 2 workers on localhost (kmp.launch, global batch 256, steps_per_execution={n})"
         rows += [row(name, "1 worker", r["samples_per_sec_1"], "samples/s"),
                  row(name, "2 workers", r["samples_per_sec_2"], "samples/s",
                      f"{r['replicas_2']} replicas"),
                  row(name, "ratio 2 workers / 1 worker", r["ratio"], "x",
-                     f"{os.cpu_count()} CPU cores shared by the workers")]
+                     f"{os.cpu_count()} CPU cores shared; median of {rounds} rounds: "
+                     + ", ".join(f"{x:.3f}" for x in r["ratios"]))]
     return rows
 
 

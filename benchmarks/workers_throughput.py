@@ -2,18 +2,25 @@
 
 Runs the same training job (same model, same global batch) in 1 worker, then in
 2 workers of a `MultiWorkerMirroredStrategy` started by `kmp.launch`, each worker
-a fresh process talking to the other through TensorFlow's gRPC collectives.
-Inside each job, after a warm-up fit (tracing), `--repeats` fits are timed; a
-job's throughput is the chief's median of global samples per second. Prints
-both and their ratio (2 workers / 1 worker), measured in this one run, for each
-`--steps-per-execution` (default 1 and 16: fewer host round trips per step).
+a fresh process talking to the other through TensorFlow's gRPC collectives, with
+the environment `kmp.launch` gives them (each worker's share of the cores for
+TensorFlow's thread pools, glibc's top pad). Inside each job, after a warm-up fit
+(tracing), `--repeats` fits are timed; a job's throughput is the chief's median
+of global samples per second. The two jobs alternate for `--rounds` rounds; each
+round gives a ratio (2 workers / 1 worker), and the median ratio is printed with
+the rounds' spread, for each `--steps-per-execution` (default 1 and 16: fewer
+host round trips per step).
 
 On one machine the two workers share its CPU cores (and GPUs), so this measures
 what the gradient all-reduce between processes costs, not a speed-up: on
-separate machines each worker brings its own devices.
+separate machines each worker brings its own devices. Alternating rounds matter
+on a virtual machine: on the 2-core machine this project is developed on, one
+process ran either 31,000 or 51,000 samples/s, for minutes at a time (how the
+host placed the two virtual cores), and a ratio from one pair of jobs depends
+on which of the two it met.
 
-    python benchmarks/workers_throughput.py [--quick] [--repeats 3] [--steps 160]
-        [--steps-per-execution 1 16]
+    python benchmarks/workers_throughput.py [--quick] [--rounds 3] [--repeats 3]
+        [--steps 160] [--steps-per-execution 1 16]
 
 Fits are 160 steps long by default: every fit also pays a fixed cost (building
 and distributing the dataset and its iterators, 0.25-0.55 s with 2 workers on 2
@@ -71,42 +78,53 @@ def train_job(steps: int, repeats: int, batch: int, width: int, steps_per_execut
 
 
 def measure(repeats: int = 3, steps: int = 160, batch: int = 256, width: int = 512,
-            timeout: float = 600, steps_per_execution: int = 1) -> dict:
-    """Runs the job on 1 then 2 local workers.
+            timeout: float = 600, steps_per_execution: int = 1, rounds: int = 1) -> dict:
+    """Runs the job on 1 then 2 local workers, `rounds` times.
 
     Returns:
-        `{"samples_per_sec_1", "samples_per_sec_2", "ratio", "replicas_2"}`,
-        the ratio being 2 workers / 1 worker.
+        `{"samples_per_sec_1", "samples_per_sec_2", "ratio", "ratios", "replicas_2"}`:
+        the medians over the rounds, the ratio being 2 workers / 1 worker (the median
+        of the rounds' ratios, each listed in `ratios`).
     """
     import keras_mgpu_plugins as kmp
 
     args = (steps, repeats, batch, width, steps_per_execution)
-    one = kmp.launch(train_job, num_workers=1, args=args, timeout=timeout)[0]
-    two = kmp.launch(train_job, num_workers=2, args=args, timeout=timeout)
-    chief = next(r for r in two if r["worker"] == 0)
+    ones, twos, replicas = [], [], 0
+    for _ in range(rounds):
+        ones.append(kmp.launch(train_job, num_workers=1, args=args, timeout=timeout)[0]
+                    ["samples_per_sec"])
+        chief = next(r for r in kmp.launch(train_job, num_workers=2, args=args, timeout=timeout)
+                     if r["worker"] == 0)
+        twos.append(chief["samples_per_sec"])
+        replicas = chief["replicas"]
+    ratios = [two / one for one, two in zip(ones, twos, strict=True)]
     return {
-        "samples_per_sec_1": one["samples_per_sec"],
-        "samples_per_sec_2": chief["samples_per_sec"],
-        "ratio": chief["samples_per_sec"] / one["samples_per_sec"],
-        "replicas_2": chief["replicas"],
+        "samples_per_sec_1": statistics.median(ones),
+        "samples_per_sec_2": statistics.median(twos),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "replicas_2": replicas,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 repeats of 160 steps")
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 repeats of 160 steps")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two jobs")
     parser.add_argument("--repeats", type=int, default=3, help="timed fits per job")
     parser.add_argument("--steps", type=int, default=160, help="steps per fit")
     parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
-    repeats, steps = (2, 160) if args.quick else (args.repeats, args.steps)
-    print(f"global batch 256, {steps} steps x {repeats} timed fits per job, {os.cpu_count()} CPU cores")
+    rounds, repeats, steps = (1, 2, 160) if args.quick else (args.rounds, args.repeats, args.steps)
+    print(f"global batch 256, {steps} steps x {repeats} timed fits per job, {rounds} rounds, "
+          f"{os.cpu_count()} CPU cores")
     for n in args.steps_per_execution:
-        result = measure(repeats=repeats, steps=steps, steps_per_execution=n)
+        result = measure(repeats=repeats, steps=steps, steps_per_execution=n, rounds=rounds)
         print(f"steps_per_execution={n}")
-        print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s")
+        print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s (median of rounds)")
         print(f"  2 workers   {result['samples_per_sec_2']:10.0f} samples/s ({result['replicas_2']} replicas)")
-        print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f}")
+        print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f} (rounds: "
+              f"{', '.join(f'{r:.3f}' for r in result['ratios'])})")
 
 
 if __name__ == "__main__":

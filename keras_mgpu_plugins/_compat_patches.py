@@ -28,6 +28,10 @@ from keras_mgpu_plugins._compat_fit import (
     patch_gradient_accumulation,
     patch_jit_compile,
 )
+from keras_mgpu_plugins._compat_input_check import (
+    checks_input_every_step,
+    patch_full_batch_executions,
+)
 from keras_mgpu_plugins._compat_iterators import (
     keeps_iterator_on_training_thread,
     patch_release_iterators_off_thread,
@@ -177,6 +181,19 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_release_iterators_off_thread,
         present=keeps_iterator_on_training_thread,
+    ),
+    # No upstream issue found: TensorFlow's distributed iterators check across workers at
+    # every fetch whether each still has input (one all-reduce per step), unless the dataset
+    # is infinite; the upstream field names that code. Run-tested on TensorFlow 2.21, Keras
+    # 3.15; `present` also checks the Keras side (`TFEpochIterator._get_iterator`).
+    Patch(
+        name="full_batch_executions_skip_input_check",
+        upstream="https://github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/python/distribute/input_lib.py",
+        min_version="2.16.0",
+        max_version="2.22.0",
+        apply=patch_full_batch_executions,
+        present=checks_input_every_step,
+        library="tensorflow",
     ),
     Patch(
         name="jit_compile_per_replica",

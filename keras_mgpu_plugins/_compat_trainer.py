@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins._compat_input_check import claim_full_batches, fetch_full_batch
 
 # --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
 
@@ -221,6 +222,10 @@ def patch_steps_per_execution() -> Any:
     (and a host round trip's worth of latency) for values that only the last
     step's survive. The metrics are running means, so the last step's
     per-replica values reduced once are exactly what upstream returns.
+
+    An execution whose inputs are all full batches of arrays on several workers
+    fetches them without TensorFlow's per-step cross-worker input check
+    (`_compat_input_check`, its own patch: without it, every execution checks).
     """
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -256,34 +261,39 @@ def patch_steps_per_execution() -> Any:
         loop_step = autoconvert(
             tf.function(one_step_unreduced, reduce_retracing=True, jit_compile=self.jit_compile))
 
-        def multi_step_on_iterator(iterator):
-            n = self.steps_per_execution
-            empty = tf.experimental.Optional.empty(None)  # spec set while tracing the body
+        def steps_on_iterator(fetch):
+            def multi_step_on_iterator(iterator):
+                n = self.steps_per_execution
+                empty = tf.experimental.Optional.empty(None)  # spec set while tracing the body
 
-            def cond(step, outputs, inputs):
-                return tf.logical_and(tf.less(step, n), inputs.has_value())
+                def cond(step, outputs, inputs):
+                    return tf.logical_and(tf.less(step, n), inputs.has_value())
 
-            def body(step, outputs, inputs):
-                new = tf.experimental.Optional.from_value(loop_step(inputs.get_value()))
-                empty._element_spec = new.element_spec
-                following = tf.cond(tf.less(step + 1, n), iterator.get_next_as_optional,
-                                    lambda: inputs)
-                return step + 1, new, following
+                def body(step, outputs, inputs):
+                    new = tf.experimental.Optional.from_value(loop_step(inputs.get_value()))
+                    empty._element_spec = new.element_spec
+                    following = tf.cond(tf.less(step + 1, n), lambda: fetch(iterator),
+                                        lambda: inputs)
+                    return step + 1, new, following
 
-            _, final, _ = tf.while_loop(
-                cond, body, [tf.constant(0), empty, iterator.get_next_as_optional()])
-            final._element_spec = empty.element_spec
-            return final
+                _, final, _ = tf.while_loop(cond, body, [tf.constant(0), empty, fetch(iterator)])
+                final._element_spec = empty.element_spec
+                return final
 
-        multi_step = tf.function(tf.autograph.experimental.do_not_convert(multi_step_on_iterator),
-                                 reduce_retracing=True)
+            return tf.function(tf.autograph.experimental.do_not_convert(multi_step_on_iterator),
+                               reduce_retracing=True)
+
+        multi_step = steps_on_iterator(lambda iterator: iterator.get_next_as_optional())
+        # Executions of full batches only, on several workers (`_compat_input_check`).
+        full_batch_steps = steps_on_iterator(fetch_full_batch)
         reduce_logs = tf.function(  # once per execution, on every worker: has_value agrees
             lambda outputs: tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto"),
             reduce_retracing=True)
 
         def function(iterator):
             if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-                outputs = multi_step(iterator)
+                full = claim_full_batches(iterator, self.steps_per_execution)
+                outputs = (full_batch_steps if full else multi_step)(iterator)
                 if not outputs.has_value():
                     raise StopIteration
                 return reduce_logs(outputs.get_value())
@@ -292,6 +302,7 @@ def patch_steps_per_execution() -> Any:
             return outputs
 
         function._kmp_step_loop = multi_step  # for tests: the traced loop of one execution
+        function._kmp_full_batch_loop = full_batch_steps
         return function
 
     tf_trainer.TensorFlowTrainer._make_function = _make_function

@@ -359,8 +359,9 @@ def device_metrics_per_batch_run(strategy, steps_per_execution=4, log_freq=4):
 def step_loop_collectives(strategy, steps_per_execution=4):
     """The collective ops one execution's traced loop runs per step, and outside its loop.
 
-    Counted in the graph of the `steps_per_execution` loop (the function library,
-    nested calls followed): `{"per_step": n, "per_execution": m}`.
+    Counted in the graph of each `steps_per_execution` loop (the function library,
+    nested calls followed): `{"checked" | "full_batches": {"per_step": n, "per_execution": m}}`,
+    for the loop with TensorFlow's per-step input check and the one without it.
     """
     import tensorflow as tf
 
@@ -371,8 +372,7 @@ def step_loop_collectives(strategy, steps_per_execution=4):
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     iterator = iter(model.distribute_strategy.experimental_distribute_dataset(dataset))
-    graph = model.train_function._kmp_step_loop.get_concrete_function(iterator).graph.as_graph_def()
-    library = {f.signature.name: f for f in graph.library.function}
+    library = {}
 
     def count(nodes, seen=()):
         total = 0
@@ -385,10 +385,48 @@ def step_loop_collectives(strategy, steps_per_execution=4):
                         total += count(library[name].node_def, (*seen, name))
         return total
 
-    loops = [n for n in graph.node if n.op in ("While", "StatelessWhile")]
-    assert len(loops) == 1, [n.op for n in graph.node]
-    per_step = sum(count(library[loops[0].attr[a].func.name].node_def) for a in ("cond", "body"))
-    return {"per_step": per_step, "per_execution": count(graph.node) - per_step}
+    def counted(loop_function):
+        graph = loop_function.get_concrete_function(iterator).graph.as_graph_def()
+        library.update({f.signature.name: f for f in graph.library.function})
+        loops = [n for n in graph.node if n.op in ("While", "StatelessWhile")]
+        assert len(loops) == 1, [n.op for n in graph.node]
+        per_step = sum(count(library[loops[0].attr[a].func.name].node_def) for a in ("cond", "body"))
+        return {"per_step": per_step, "per_execution": count(graph.node) - per_step}
+
+    return {"checked": counted(model.train_function._kmp_step_loop),
+            "full_batches": counted(model.train_function._kmp_full_batch_loop)}
+
+
+def full_batch_executions_run(strategy):
+    """Executions of full batches fetch without TensorFlow's per-step input check.
+
+    A partial last batch (42 rows, batch 4), then `steps_per_epoch` keeping one iterator
+    over several epochs. `claims`: for each execution, whether it went the way without
+    the check (recorded on several workers only; kmp does not count elsewhere).
+    """
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins import _compat_trainer
+
+    claims = []
+    claim = _compat_trainer.claim_full_batches
+
+    def recording(iterator, n):
+        claims.append(claim(iterator, n))
+        return claims[-1]
+
+    _compat_trainer.claim_full_batches = recording
+    try:
+        x, y = make_data(rows=42)
+        model = kmp.parallelize(strategy=strategy)(model_factory(4))()
+        partial = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+        with model.distribute_strategy.scope():
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        kept = model.fit(x[:40], y[:40], batch_size=BATCH, epochs=3, steps_per_epoch=4,
+                         shuffle=False, verbose=0)
+    finally:
+        _compat_trainer.claim_full_batches = claim
+    return {"weights": model.get_weights(), "histories": [partial.history, kept.history],
+            "claims": claims}
 
 
 def iterator_release(strategy):

@@ -28,6 +28,7 @@ def on_each_worker():
         "clip_ema": s.xla_and_accumulation_run("auto", jit_compile=False, **CLIP_EMA),
         "clip_accumulation": s.xla_and_accumulation_run("auto", **CLIP_ACCUMULATION),
         "loop_collectives": s.step_loop_collectives("auto"),
+        "full_batches": s.full_batch_executions_run("auto"),
         "iterator_release": s.iterator_release("auto"),  # after the others: none blocked it
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
@@ -71,10 +72,30 @@ def test_steps_per_execution_with_batch_hooks_matches_one_device(workers):
 
 
 def test_steps_per_execution_reduces_the_logs_once_per_execution(workers):
-    """Per step: the packed gradient all-reduce and the input check that every worker has a
-    batch; the logs (loss, mae) are reduced across workers after the loop, not per step."""
+    """Per step: the packed gradient all-reduce, and TensorFlow's input check that every
+    worker has a batch unless the execution's batches are known to be full; the logs (loss,
+    mae) are reduced across workers after the loop, not per step."""
     for worker in workers:
-        assert worker["loop_collectives"] == {"per_step": 2, "per_execution": 1}
+        assert worker["loop_collectives"] == {"checked": {"per_step": 2, "per_execution": 1},
+                                              "full_batches": {"per_step": 1, "per_execution": 0}}
+
+
+def test_executions_of_full_batches_skip_the_input_check_and_train_as_one_device(workers):
+    one = s.full_batch_executions_run("default")
+    assert one["claims"] == []  # one process: upstream's loop, nothing counted
+    # 11 batches (the last partial), 4 per execution, 2 epochs: the execution reaching the
+    # partial batch keeps the check. Then one iterator kept over 3 epochs of 4 steps, 2 per
+    # execution, on 10 batches: Keras runs 5 executions (its input runs out), all full.
+    expected = [True, True, False] * 2 + [True] * 5
+    for got in workers:
+        assert got["full_batches"]["claims"] == expected
+        s.assert_close(got["full_batches"]["weights"], one["weights"])
+        for run, want in zip(got["full_batches"]["histories"], one["histories"], strict=True):
+            for key, values in want.items():
+                np.testing.assert_allclose(run[key], values, atol=1e-5)
+    for a, b in zip(workers[0]["full_batches"]["weights"], workers[1]["full_batches"]["weights"],
+                    strict=True):
+        assert np.array_equal(a, b)
 
 
 def test_used_iterators_are_destroyed_off_the_training_thread(workers):

@@ -373,23 +373,26 @@ def pretend(monkeypatch, version, present, library="keras"):
     monkeypatch.setattr(_compat_patches, "PATCHES", patches)  # where patch_keras reads it
 
 
+TENSORFLOW_PATCHES = ["full_batch_executions_skip_input_check", "numpy_function_owned_outputs"]
+
+
 @pytest.mark.parametrize(("version", "present", "applied", "warning"), [
     ("2.15.1", True, [], None),
-    ("2.21.0", True, ["numpy_function_owned_outputs"], None),
-    ("2.22.0", True, ["numpy_function_owned_outputs"],
-     "TensorFlow 2.22.0 still has the code it fixes; applied."),
+    ("2.21.0", True, TENSORFLOW_PATCHES, None),
+    ("2.22.0", True, TENSORFLOW_PATCHES, "TensorFlow 2.22.0 still has the code it fixes; applied."),
     ("2.22.0", False, [], "TensorFlow 2.22.0 no longer has the code it fixes"),
 ])
 def test_a_tensorflow_patch_follows_the_tensorflow_version(monkeypatch, unpatched, version, present,
                                                            applied, warning):
-    """numpy_function_owned_outputs is guarded by TensorFlow's version, not Keras's."""
+    """TensorFlow patches are guarded by TensorFlow's version, not Keras's."""
     import warnings
 
+    assert [p.name for p in compat.PATCHES if p.library == "tensorflow"] == TENSORFLOW_PATCHES
     pretend(monkeypatch, version, present, library="tensorflow")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert compat.patch_keras() == applied
-    assert len(caught) == (1 if warning else 0)
+    assert len(caught) == (len(TENSORFLOW_PATCHES) if warning else 0)
     assert all(str(w.message).split("; ", 1)[1].startswith(warning) for w in caught)
     assert all("checked for TensorFlow >=2.16.0,<2.22.0" in str(w.message) for w in caught)
 
