@@ -1,10 +1,12 @@
-"""Keras patches for two compile settings under tf.distribute: gradient accumulation, XLA.
+"""Keras patches for compile under tf.distribute: gradient accumulation, XLA, compiling again.
 
 `patch_gradient_accumulation` (keras-team/keras#20582) moves the accumulation's
 `cond` out of the replica context; `patch_jit_compile` (keras-team/keras#19005)
 compiles each replica's step with XLA and leaves the all-reduce and the
-optimizer outside it. Both apply only under a strategy that spans
-replicas or workers (`distributing`); one device keeps Keras's code.
+optimizer outside it; `patch_compile_in_model_scope` runs a `compile` outside
+any strategy scope in the scope of the strategy the model was made under. All
+apply only under a strategy that spans replicas or workers (`distributing`);
+one device keeps Keras's code.
 """
 
 from __future__ import annotations
@@ -220,3 +222,49 @@ def jit_compiles_the_distributed_step() -> bool | None:
     # The module's source: `_make_function` itself may be another patch's by now.
     return source_has(tf_trainer, "self.distribute_strategy.run(step_function",
                       "jit_compile=self.jit_compile")
+
+
+# --- compile outside the strategy's scope: the loss tracker is made of plain variables ---
+
+
+def patch_compile_in_model_scope() -> Any:
+    """A model compiled again outside its strategy's scope logs each worker's own loss.
+
+    Keras's `compile` makes the loss tracker (a `Mean` metric) at once, in
+    whatever scope is current. A model made under MultiWorkerMirroredStrategy
+    (by `@kmp.parallelize`, or in `strategy.scope()`) and compiled again outside
+    it (fine-tuning: freeze, compile, fit) got a tracker of plain variables:
+    each worker logged the loss of its own share of the batch, not the global
+    batch's (0.64 and 1.04 on the two workers where one process logs 0.81;
+    weights and the compiled metrics were right). A callback monitoring "loss"
+    (EarlyStopping, ReduceLROnPlateau, `save_best_only`) then decides
+    differently on each worker. Keras 2 in TensorFlow compiled in the model's
+    strategy scope. Under MirroredStrategy both replicas update the plain
+    variables, which happens to give the right mean; with several workers it
+    does not. No upstream issue found.
+
+    When no strategy scope is active and the model was made under a
+    distributing strategy, `compile` runs in that strategy's scope.
+    """
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    cls = tf_trainer.TensorFlowTrainer
+    own = cls.__dict__.get("compile")
+    original = cls.compile
+
+    def compile(self, *args, **kwargs):
+        strategy = getattr(self, "_distribute_strategy", None)
+        if strategy is None or tf.distribute.has_strategy() or not distributing(strategy):
+            return original(self, *args, **kwargs)
+        with strategy.scope():
+            return original(self, *args, **kwargs)
+
+    cls.compile = compile
+    return lambda: setattr(cls, "compile", own) if own is not None else delattr(cls, "compile")
+
+
+def compile_makes_loss_tracker_in_current_scope() -> bool | None:
+    from keras.src.trainers import trainer
+
+    return source_has(trainer.Trainer.compile, 'self._loss_tracker = metrics_module.Mean(name="loss")')

@@ -24,7 +24,9 @@ from keras_mgpu_plugins._compat_data import (
 )
 from keras_mgpu_plugins._compat_fit import (
     accumulation_merges_inside_cond,
+    compile_makes_loss_tracker_in_current_scope,
     jit_compiles_the_distributed_step,
+    patch_compile_in_model_scope,
     patch_gradient_accumulation,
     patch_jit_compile,
 )
@@ -194,6 +196,16 @@ PATCHES: tuple[Patch, ...] = (
         apply=patch_full_batch_executions,
         present=checks_input_every_step,
         library="tensorflow",
+    ),
+    # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
+    # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras 3.15.
+    Patch(
+        name="compile_in_model_strategy_scope",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_compile_in_model_scope,
+        present=compile_makes_loss_tracker_in_current_scope,
     ),
     Patch(
         name="jit_compile_per_replica",

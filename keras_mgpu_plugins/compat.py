@@ -11,11 +11,13 @@ in private modules, each under ~300 lines:
   `tests/multi_device/test_fit_settings.py`). The patches themselves are in
   `_compat_trainer` (symbolic build, scalar log reduce, `steps_per_execution`;
   also `distributing`, `refuse_unsupported_settings`), `_compat_loss_scale`,
-  `_compat_fit` (`jit_compile=True`, `gradient_accumulation_steps`), `_compat_optim`
+  `_compat_fit` (`jit_compile=True`, `gradient_accumulation_steps`, `compile` again
+  outside the strategy's scope), `_compat_optim`
   (clipping after the all-reduce, the EMA overwrite), `_compat_data` (forked
   `PyDataset` workers on several workers; TensorFlow writing into a generator's
-  arrays on several devices) and `_compat_iterators` (used distributed iterators
-  destroyed off the training thread). `_compat_env` is the one workaround set
+  arrays on several devices), `_compat_iterators` (used distributed iterators
+  destroyed off the training thread) and `_compat_input_check` (no per-step input check
+  across workers for executions of full batches). `_compat_env` is the one workaround set
   through the environment rather than by patching: glibc's malloc top pad for
   the workers kmp starts (TensorFlow page-faulting each step's buffers in again
   under several workers), applied by the launcher (`launch._tuning`).

@@ -397,6 +397,26 @@ def step_loop_collectives(strategy, steps_per_execution=4):
             "full_batches": counted(model.train_function._kmp_full_batch_loop)}
 
 
+def recompile_outside_scope_run(strategy):
+    """Trained, then compiled again outside the strategy's scope (as when fine-tuning), with
+    the optimizer given as a string and as an instance made outside the scope too."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    x, y = make_data()
+    histories, weights = [], []
+    for optimizer in ("sgd", lambda: keras.optimizers.SGD(0.01)):
+        model = kmp.parallelize(strategy=strategy)(model_factory(2))()
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        model.compile(optimizer=optimizer if isinstance(optimizer, str) else optimizer(),
+                      loss="mse", metrics=["mae"], steps_per_execution=2)
+        histories.append(model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                                   verbose=0).history)
+        weights.append(model.get_weights())
+    return {"histories": histories, "weights": weights}
+
+
 def full_batch_executions_run(strategy):
     """Executions of full batches fetch without TensorFlow's per-step input check.
 

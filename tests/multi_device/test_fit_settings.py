@@ -104,6 +104,15 @@ def test_mixed_precision_overflow_on_one_replica_gives_nan_without_the_patch(unp
     assert np.isnan(broken["history"]["loss"][-1])
 
 
+def test_a_model_compiled_again_outside_the_scope_trains_and_logs_as_one_device():
+    one, two = s.recompile_outside_scope_run("default"), s.recompile_outside_scope_run("mirrored")
+    for got, want in zip(two["histories"], one["histories"], strict=True):
+        for key, values in want.items():
+            np.testing.assert_allclose(got[key], values, atol=1e-5, err_msg=key)
+    for got, want in zip(two["weights"], one["weights"], strict=True):
+        s.assert_close(got, want)
+
+
 def test_keras_habits_match_one_device():
     one, two = s.keras_habits_run("default"), s.keras_habits_run("mirrored")
     s.assert_close(two["weights"], one["weights"])

@@ -29,6 +29,7 @@ def on_each_worker():
         "clip_accumulation": s.xla_and_accumulation_run("auto", **CLIP_ACCUMULATION),
         "loop_collectives": s.step_loop_collectives("auto"),
         "full_batches": s.full_batch_executions_run("auto"),
+        "recompiled": s.recompile_outside_scope_run("auto"),
         "iterator_release": s.iterator_release("auto"),  # after the others: none blocked it
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
@@ -191,3 +192,15 @@ def test_py_dataset_with_forked_workers_ends_and_trains_as_one_process(workers):
     one = s.input_types_run("default", ("py_dataset_processes",))
     for got in workers:
         s.assert_close(got["processes"]["py_dataset_processes"], one["py_dataset_processes"])
+
+
+def test_a_model_compiled_again_outside_the_scope_logs_the_global_loss(workers):
+    """Without kmp's compile_in_model_strategy_scope patch each worker logged its own loss."""
+    one = s.recompile_outside_scope_run("default")
+    for got in workers:
+        for run, want in zip(got["recompiled"]["histories"], one["histories"], strict=True):
+            for key, values in want.items():
+                np.testing.assert_allclose(run[key], values, atol=1e-5, err_msg=key)
+        for run, want in zip(got["recompiled"]["weights"], one["weights"], strict=True):
+            s.assert_close(run, want)
+    assert workers[0]["recompiled"]["histories"] == workers[1]["recompiled"]["histories"]
