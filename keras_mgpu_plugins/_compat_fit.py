@@ -11,6 +11,7 @@ one device keeps Keras's code.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -247,12 +248,13 @@ def patch_compile_in_model_scope() -> Any:
     distributing strategy, `compile` runs in that strategy's scope.
     """
     import tensorflow as tf
-    from keras.src.backend.tensorflow import trainer as tf_trainer
+    from keras.src.trainers import trainer
 
-    cls = tf_trainer.TensorFlowTrainer
-    own = cls.__dict__.get("compile")
-    original = cls.compile
+    # Replaced on the base `Trainer`, not on `TensorFlowTrainer`: `compile_from_config`
+    # (loading a compiled model) compiles only if `type(model).compile is Trainer.compile`.
+    original = trainer.Trainer.compile
 
+    @functools.wraps(original)
     def compile(self, *args, **kwargs):
         strategy = getattr(self, "_distribute_strategy", None)
         if strategy is None or tf.distribute.has_strategy() or not distributing(strategy):
@@ -260,8 +262,8 @@ def patch_compile_in_model_scope() -> Any:
         with strategy.scope():
             return original(self, *args, **kwargs)
 
-    cls.compile = compile
-    return lambda: setattr(cls, "compile", own) if own is not None else delattr(cls, "compile")
+    trainer.Trainer.compile = compile
+    return lambda: setattr(trainer.Trainer, "compile", original)
 
 
 def compile_makes_loss_tracker_in_current_scope() -> bool | None:
