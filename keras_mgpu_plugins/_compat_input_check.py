@@ -10,17 +10,21 @@ on 2 workers sharing 2 cores, 1-2 ms of a 13 ms step (TensorFlow 2.21).
 
 For arrays, Keras knows how many full global batches an epoch has
 (`ArrayDataAdapter.num_batches`, `has_partial_batch`), and every worker reads
-the same number of them: Keras runs as many steps on each worker, and
-`ArrayDataAdapter` shards by `DATA`, so each worker gets its share of every
-global batch. `patch_full_batch_executions` records that count on each
-distributed iterator `TFEpochIterator` makes of arrays under
+the same number of steps: `ArrayDataAdapter` shards by `DATA`, so each worker
+gets its share of every global batch. `patch_full_batch_executions` records
+that count on each distributed iterator `TFEpochIterator` makes of arrays under
 MultiWorkerMirroredStrategy; kmp's `steps_per_execution` loop
-(`_compat_trainer`) then asks `claim_full_batches(iterator, n)` before each
-execution: while all of its n fetches are full batches, they go through
-`_get_next_no_partial_batch_handling` (what TensorFlow does for infinite
-datasets), with no collective. The execution that would reach the last batch,
-and every one after it, keeps TensorFlow's check. Every worker counts the same
-fetches, so all workers take the same path at each execution.
+(`_compat_trainer`) then asks `claim_full_batches(iterator, n, strategy)`
+before each execution: while all of its n fetches are full batches, they go
+through `_get_next_no_partial_batch_handling` (what TensorFlow does for
+infinite datasets), with no collective. The execution that would reach the last
+full batch, and every one after it, keeps TensorFlow's check.
+
+All workers must take the same path at each execution. At an iterator's first
+execution the workers agree on the smallest count (one all-gather per
+iterator, that is per epoch; 0 for inputs kmp does not count), so arrays of
+different lengths on different workers (9 full batches and a partial one on
+one worker, 10 full on another: the same number of steps) still agree.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from keras_mgpu_plugins._compat_checks import source_has
 
 _FULL = "_kmp_full_batches_left"  # on a distributed iterator: full batches not fetched yet
+_LOCAL = "_kmp_full_batches_here"  # this worker's count, before the workers agreed
 
 
 def patch_full_batch_executions() -> Any:
@@ -60,23 +65,32 @@ class _Counted:
 
     def __iter__(self) -> Any:
         iterator = iter(self._dataset)
-        setattr(iterator, _FULL, self._full_batches)
+        setattr(iterator, _LOCAL, self._full_batches)
         return iterator
 
 
-def claim_full_batches(iterator: Any, n: int) -> bool:
-    """Whether the next `n` fetches from `iterator` are full batches; if so, counts them.
+def claim_full_batches(iterator: Any, n: int, strategy: Any) -> bool:
+    """Whether the next `n` fetches from `iterator` are full batches on every worker.
 
-    `False` for an iterator kmp did not count, and from the first execution that
-    could reach past the full batches on: those keep TensorFlow's check.
+    If so, counts them. `False` under a strategy that does not span workers,
+    for inputs kmp did not count on some worker, and from the first execution
+    that could reach past the full batches on: those keep TensorFlow's check.
+    The first call for an iterator agrees on the count across workers (a
+    collective: every worker calls this at the same execution).
     """
-    left = getattr(iterator, _FULL, None)
-    if left is None:
+    from keras_mgpu_plugins import collective
+
+    if not collective.spans_workers(strategy):
         return False
+    if not hasattr(iterator, _FULL):
+        here = getattr(iterator, _LOCAL, 0)
+        agreed = int(collective.all_gather([here], strategy).min())
+        setattr(iterator, _FULL, agreed)
+    left = getattr(iterator, _FULL)
     if n <= left:
         setattr(iterator, _FULL, left - n)
         return True
-    setattr(iterator, _FULL, None)
+    setattr(iterator, _FULL, 0)
     return False
 
 

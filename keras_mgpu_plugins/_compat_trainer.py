@@ -292,7 +292,7 @@ def patch_steps_per_execution() -> Any:
 
         def function(iterator):
             if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-                full = claim_full_batches(iterator, self.steps_per_execution)
+                full = claim_full_batches(iterator, self.steps_per_execution, strategy)
                 outputs = (full_batch_steps if full else multi_step)(iterator)
                 if not outputs.has_value():
                     raise StopIteration

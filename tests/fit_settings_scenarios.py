@@ -422,7 +422,9 @@ def full_batch_executions_run(strategy):
 
     A partial last batch (42 rows, batch 4), then `steps_per_epoch` keeping one iterator
     over several epochs. `claims`: for each execution, whether it went the way without
-    the check (recorded on several workers only; kmp does not count elsewhere).
+    the check (recorded where kmp's loop runs: under a distributing strategy).
+    `uneven`: then arrays of 40 rows on worker 0 and 38 on the others (10 full batches
+    against 9 and a partial one: as many steps), whose claims must agree.
     """
     import keras_mgpu_plugins as kmp
     from keras_mgpu_plugins import _compat_trainer
@@ -430,8 +432,8 @@ def full_batch_executions_run(strategy):
     claims = []
     claim = _compat_trainer.claim_full_batches
 
-    def recording(iterator, n):
-        claims.append(claim(iterator, n))
+    def recording(iterator, n, strategy):
+        claims.append(claim(iterator, n, strategy))
         return claims[-1]
 
     _compat_trainer.claim_full_batches = recording
@@ -443,10 +445,15 @@ def full_batch_executions_run(strategy):
             model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
         kept = model.fit(x[:40], y[:40], batch_size=BATCH, epochs=3, steps_per_epoch=4,
                          shuffle=False, verbose=0)
+        result = {"weights": model.get_weights(), "histories": [partial.history, kept.history],
+                  "claims": list(claims)}
+        claims.clear()
+        rows = 40 if kmp.topology().worker_index == 0 else 38
+        model.fit(x[:rows], y[:rows], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        result["uneven"] = {"claims": list(claims), "weights": model.get_weights()}
     finally:
         _compat_trainer.claim_full_batches = claim
-    return {"weights": model.get_weights(), "histories": [partial.history, kept.history],
-            "claims": claims}
+    return result
 
 
 def iterator_release(strategy):

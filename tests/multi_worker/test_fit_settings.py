@@ -83,7 +83,7 @@ def test_steps_per_execution_reduces_the_logs_once_per_execution(workers):
 
 def test_executions_of_full_batches_skip_the_input_check_and_train_as_one_device(workers):
     one = s.full_batch_executions_run("default")
-    assert one["claims"] == []  # one process: upstream's loop, nothing counted
+    assert one["claims"] == [] and one["uneven"]["claims"] == []  # one process: Keras's loop
     # 11 batches (the last partial), 4 per execution, 2 epochs: the execution reaching the
     # partial batch keeps the check. Then one iterator kept over 3 epochs of 4 steps, 2 per
     # execution, on 10 batches: Keras runs 5 executions (its input runs out), all full.
@@ -96,6 +96,17 @@ def test_executions_of_full_batches_skip_the_input_check_and_train_as_one_device
                 np.testing.assert_allclose(run[key], values, atol=1e-5)
     for a, b in zip(workers[0]["full_batches"]["weights"], workers[1]["full_batches"]["weights"],
                     strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_workers_with_arrays_of_different_lengths_agree_on_the_full_batches(workers):
+    """10 full batches on worker 0, 9 and a partial one on worker 1, 2 per execution: the
+    workers agree on 9, so the 5th execution keeps TensorFlow's check on both (a worker
+    skipping it alone would leave the other waiting in its collective)."""
+    for got in workers:
+        assert got["full_batches"]["uneven"]["claims"] == [True] * 4 + [False]
+    for a, b in zip(workers[0]["full_batches"]["uneven"]["weights"],
+                    workers[1]["full_batches"]["uneven"]["weights"], strict=True):
         assert np.array_equal(a, b)
 
 
