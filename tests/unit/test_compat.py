@@ -277,7 +277,7 @@ def test_names_the_fit_setting_patches_use_are_there():
 
 
 POOL_EXITS = """
-import ctypes, signal
+import ctypes, os, signal
 from keras.src.trainers.data_adapters import py_dataset_adapter as adapter
 from keras_mgpu_plugins import compat
 if {patched}:
@@ -291,12 +291,13 @@ class One(keras.utils.PyDataset):
         return 1
 enqueuer = adapter.OrderedEnqueuer(One(), workers=2, use_multiprocessing=True)
 pool = enqueuer._get_executor_init(2)({{}})
-assert pool.apply_async(int, ("7",)).get(timeout=60) == 7  # the workers run
-worker = pool._pool[0]
+# A worker that ran a task has run the pool's initializer (where the patch acts); another may
+# still be starting, with the inherited handler.
+pid = pool.apply_async(os.getpid).get(timeout=60)
+worker = next(w for w in pool._pool if w.pid == pid)
 worker.terminate()  # SIGTERM: what multiprocessing sends the pool's workers at shutdown
 worker.join(timeout={deadline})
 print("stopped" if worker.exitcode is not None else "stuck", flush=True)
-import os
 for worker in pool._pool:  # the stuck ones would hold the output pipe open
     if worker.exitcode is None:
         os.kill(worker.pid, signal.SIGKILL)
