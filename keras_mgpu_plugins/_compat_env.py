@@ -31,7 +31,6 @@ from collections.abc import Mapping
 
 from packaging.version import Version
 
-UPSTREAM = "https://github.com/tensorflow/tensorflow/issues/9757"
 #: TensorFlow versions this is known for (run-tested on 2.21), max exclusive.
 MIN_TENSORFLOW = "2.16.0"
 MAX_TENSORFLOW = "2.22.0"

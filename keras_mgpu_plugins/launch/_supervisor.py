@@ -112,7 +112,8 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
     job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
     os.mkdir(job_dir)
-    environ = {**environ, **worker_tuning(environ, num_workers), "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
+    environ = {**environ, **worker_tuning(environ, num_workers),
+               "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
