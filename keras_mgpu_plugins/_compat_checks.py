@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
+from packaging.version import Version
+
 SAVING_LIB = "keras.src.saving.saving_lib"
 LEGACY_H5 = "keras.src.legacy.saving.legacy_h5_format"
 IO_UTILS = "keras.src.utils.io_utils"
@@ -32,6 +34,22 @@ KERAS_HOOK_CALLS: dict[str, tuple[tuple[str, str], ...]] = {
         ("on_epoch_end", "_save_model"), ("on_train_batch_end", "_save_model"),
     ),
 }
+
+
+def version_checked(version: str, min_version: str, max_version: str) -> bool:
+    """Whether `version` is one a range `[min_version, max_version)` was checked for.
+
+    A pre-release or development build (`3.16.0rc0`, `3.16.0.dev2026...`,
+    `2.22.0-dev2026...`) is never a checked version, even where it sorts inside
+    the range: nobody ran the tests on it.
+    """
+    v = Version(version)
+    return not v.is_prerelease and Version(min_version) <= v < Version(max_version)
+
+
+def version_predates(version: str, min_version: str) -> bool:
+    """Whether `version` (a pre-release counts as its release) is older than `min_version`."""
+    return Version(Version(version).base_version) < Version(min_version)
 
 
 def source_has(obj: Any, *needles: str) -> bool | None:

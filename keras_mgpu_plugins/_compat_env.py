@@ -29,7 +29,7 @@ import importlib.metadata
 import platform
 from collections.abc import Mapping
 
-from packaging.version import Version
+from keras_mgpu_plugins._compat_checks import version_checked
 
 #: TensorFlow versions this is known for (run-tested on 2.21), max exclusive.
 MIN_TENSORFLOW = "2.16.0"
@@ -54,7 +54,7 @@ def applies(tf_version: str | None, libc: str | None = None) -> bool:
     libc = platform.libc_ver()[0] if libc is None else libc
     if libc != "glibc" or tf_version is None:
         return False
-    return Version(MIN_TENSORFLOW) <= Version(tf_version) < Version(MAX_TENSORFLOW)
+    return version_checked(tf_version, MIN_TENSORFLOW, MAX_TENSORFLOW)
 
 
 def allocator_environ(environ: Mapping[str, str], tf_version: str | None = None,

@@ -10,12 +10,14 @@ themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from packaging.version import Version
 
+from keras_mgpu_plugins._compat_checks import version_checked, version_predates
 from keras_mgpu_plugins._compat_data import (
     numpy_function_aliases_outputs,
     patch_numpy_function_owned_outputs,
@@ -74,6 +76,12 @@ class Patch:
             (`None` when its source cannot be read).
         library: Whose versions `min_version`/`max_version` are: "keras" or
             "tensorflow" (a TensorFlow bug that Keras's `fit` runs into).
+        changes_results: Whether a run without it trains or logs other numbers
+            than one device (True) rather than failing, hanging or running
+            slower (False). Such a patch fails closed: on a version it was not
+            checked for, or where its code cannot be confirmed, `patch_keras`
+            raises `UncheckedVersionError` unless the user opts in
+            (`ALLOW_UNCHECKED_ENV`).
     """
 
     name: str
@@ -83,6 +91,7 @@ class Patch:
     apply: Callable[[], Any]
     present: Callable[[], bool | None] = lambda: None
     library: str = "keras"
+    changes_results: bool = True
 
     def installed_version(self) -> str:
         if self.library == "tensorflow":
@@ -94,8 +103,11 @@ class Patch:
         return keras.__version__
 
     def applies_to(self, version: str) -> bool:
-        v = Version(version)
-        return Version(self.min_version) <= v < Version(self.max_version)
+        """Whether `version` is one this patch was checked for (never a pre-release)."""
+        return version_checked(version, self.min_version, self.max_version)
+
+    def checked_range(self) -> str:
+        return f"{_LIBRARY_NAMES[self.library]} >={self.min_version},<{self.max_version}"
 
 
 # Versions read from the released sources: `_maybe_symbolic_build` first appears
@@ -111,6 +123,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_symbolic_build,
         present=symbolic_build_reduces_batch,
+        changes_results=False,
     ),
     Patch(
         name="multi_worker_scalar_log_reduce",
@@ -119,6 +132,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_reduce_per_replica,
         present=reduce_per_replica_uses_axis_0,
+        changes_results=False,
     ),
     # The tf.cond around each step of a tf.while_loop: from 3.7.0 (3.3-3.6 loop in Python
     # over single steps); still there in 3.15.
@@ -129,6 +143,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_steps_per_execution,
         present=multi_step_conds_the_step,
+        changes_results=False,
     ),
     # _tf_apply takes the first replica's `finite`: in 3.0.0 already, still in 3.15. No
     # upstream issue found: the upstream field names the code.
@@ -150,6 +165,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_gradient_accumulation,
         present=accumulation_merges_inside_cond,
+        changes_results=False,
     ),
     # Wraps the accumulation patch's `_backend_apply_gradients` (it handles accumulation itself).
     # Clipping: no keras-team/keras issue found; tensorflow/tensorflow#33929 is the closest
@@ -172,6 +188,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_py_dataset_pool_sigterm,
         present=pool_initializer_keeps_sigterm,
+        changes_results=False,
     ),
     # No upstream issue found: destroying a used distributed iterator blocks the training
     # thread for 0.16-5 s (up to 15 s) per fit under MultiWorkerMirroredStrategy (5-10 ms on
@@ -183,6 +200,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_release_iterators_off_thread,
         present=keeps_iterator_on_training_thread,
+        changes_results=False,
     ),
     # No upstream issue found: TensorFlow's distributed iterators check across workers at
     # every fetch whether each still has input (one all-reduce per step), unless the dataset
@@ -196,6 +214,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=patch_full_batch_executions,
         present=checks_input_every_step,
         library="tensorflow",
+        changes_results=False,
     ),
     # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
     # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras 3.15.
@@ -214,6 +233,7 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_jit_compile,
         present=jit_compiles_the_distributed_step,
+        changes_results=False,
     ),
     # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
     # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares
@@ -264,58 +284,108 @@ def check_keras_for_distribution() -> None:
     )
 
 
+class UncheckedVersionError(RuntimeError):
+    """A patch whose absence changes training results cannot be verified on these versions."""
+
+
+#: Set to 1 to run with patches that change training results on Keras/TensorFlow versions
+#: they were not checked for (applied where the code they fix is still there).
+ALLOW_UNCHECKED_ENV = "KMP_ALLOW_UNCHECKED_VERSIONS"
+
+
 def patch_keras() -> list[str]:
     """Applies the Keras (and TensorFlow) workarounds known for the installed versions. Idempotent.
 
     Only the TensorFlow backend is patched; other backends are left untouched.
-    A patch applies from its `min_version` (an older Keras, or TensorFlow for a
-    TensorFlow patch, lacks the code it fixes) while the installed one still
-    has that code (`Patch.present`). On a version
-    newer than the versions it was checked for, it applies with one warning if
-    the code is still there, and is skipped with one warning if it is gone (an
-    upstream fix, or a change to check).
+    Keras older than `MIN_KERAS_FOR_DISTRIBUTION` is refused. A patch applies
+    from its `min_version` (an older Keras, or TensorFlow for a TensorFlow
+    patch, lacks the code it fixes) while the installed one still has that code
+    (`Patch.present`). On a version it was not checked for (newer, or any
+    pre-release), or where its code cannot be confirmed:
+
+    - a patch whose absence changes training results (`changes_results`) is
+      refused with `UncheckedVersionError`, naming it, the versions and the
+      checked range, unless `KMP_ALLOW_UNCHECKED_VERSIONS=1` is set; then it
+      applies where its code is still there;
+    - any other patch applies where its code is still there, else is skipped.
+
+    What was applied or skipped outside the checked ranges is said in one
+    warning per process.
 
     Returns:
         The names of the patches in force after the call.
 
+    Raises:
+        RuntimeError: Keras older than `MIN_KERAS_FOR_DISTRIBUTION`.
+        UncheckedVersionError: As above.
+
     Example:
         >>> strategy = tf.distribute.MultiWorkerMirroredStrategy()
         >>> kmp.compat.patch_keras()
-        ['symbolic_build_per_replica_batch', 'multi_worker_scalar_log_reduce']
+        ['symbolic_build_per_replica_batch', 'multi_worker_scalar_log_reduce', ...]
     """
     import keras
 
     if keras.backend.backend() != "tensorflow":
         return []
+    check_keras_for_distribution()
     with _lock:
-        for patch in PATCHES:
-            version = patch.installed_version()
-            if patch.name in _applied or Version(version) < Version(patch.min_version):
-                continue
-            present = patch.present()
-            checked = patch.applies_to(version)
-            library = _LIBRARY_NAMES[patch.library]
-            if present is False or (present is None and not checked):
-                _warn_patch(patch, f"{library} {version} no longer has the code it fixes "
-                                   f"({'changed' if present is False else 'unreadable'}); not "
-                                   "applied. If multi-worker fit fails, please report it.")
-                continue
-            if not checked:
-                _warn_patch(patch, f"{library} {version} still has the code it fixes; applied.")
-            _applied[patch.name] = patch.apply()
+        plan = [(patch, *_decide(patch)) for patch in PATCHES if patch.name not in _applied]
+        refused = [(patch, why) for patch, action, why in plan if action == "refuse"]
+        if refused:
+            raise UncheckedVersionError(_refusal(refused))
+        notes = []
+        for patch, action, why in plan:
+            if action == "apply":
+                _applied[patch.name] = patch.apply()
+            if why:
+                notes.append(f"{patch.name} ({'applied' if action == 'apply' else 'not applied'}: "
+                             f"{why})")
+        if notes:
+            _warn_once("kmp.compat: outside the versions these patches were checked for: "
+                       + "; ".join(notes) + ". If distributed fit fails or differs from one "
+                       "device, please report it with these versions.")
         return list(_applied)
 
 
-def _warn_patch(patch: Patch, what: str) -> None:
+def _decide(patch: Patch) -> tuple[str, str]:
+    """What to do with `patch`: ("apply" | "skip" | "refuse", why, "" within the checked range)."""
+    version = patch.installed_version()
+    if version_predates(version, patch.min_version):
+        return "skip", ""  # an older library lacks the code it fixes
+    present = patch.present()
+    library = _LIBRARY_NAMES[patch.library]
+    if patch.applies_to(version) and present is not False:
+        return "apply", ""
+    state = {True: "still has the code it fixes", False: "no longer has the code it fixes",
+             None: "its code cannot be read"}[present]
+    why = f"{library} {version} {state}; checked for {patch.checked_range()}"
+    if patch.changes_results and os.environ.get(ALLOW_UNCHECKED_ENV) != "1":
+        return "refuse", why
+    return ("apply" if present else "skip"), why
+
+
+def _refusal(refused: list[tuple[Patch, str]]) -> str:
+    rows = "\n".join(f"  - {patch.name} ({patch.upstream}): {why}" for patch, why in refused)
+    ranges = " ".join(
+        f"'{library}>={max((p.min_version for p, _ in refused if p.library == library), key=Version)},"
+        f"<{min((p.max_version for p, _ in refused if p.library == library), key=Version)}'"
+        for library in sorted({patch.library for patch, _ in refused}))
+    return (
+        "keras_mgpu_plugins cannot verify, on the installed versions, the patches without which "
+        "distributed training gives other numbers than one device (each is checked for the "
+        f"range named):\n{rows}\nInstall versions in the checked range (pip install {ranges}), "
+        f"or set {ALLOW_UNCHECKED_ENV}=1 on every worker to apply them where the code they fix "
+        "is still there, and compare the results with one device yourself."
+    )
+
+
+def _warn_once(message: str) -> None:
     import warnings
 
-    key = f"patch:{patch.name}"
-    if key not in _warned_patches:
-        _warned_patches.add(key)
-        warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for "
-                      f"{_LIBRARY_NAMES[patch.library]} "
-                      f">={patch.min_version},<{patch.max_version}; {what}", UserWarning,
-                      stacklevel=3)
+    if message not in _warned_patches:
+        _warned_patches.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def unpatch_keras() -> None:

@@ -27,8 +27,6 @@ import dataclasses
 import warnings
 from collections.abc import Callable
 
-from packaging.version import Version
-
 from keras_mgpu_plugins import _compat_checks as checks
 from keras_mgpu_plugins._compat_checks import (
     IO_UTILS,
@@ -74,7 +72,7 @@ class PrivateUse:
     fallback: bool = False
 
     def applies_to(self, version: str) -> bool:
-        return Version(self.min_version) <= Version(version) < Version(self.max_version)
+        return checks.version_checked(version, self.min_version, self.max_version)
 
 
 def keras_version() -> str:
@@ -102,7 +100,7 @@ def require(name: str) -> bool:
     span = f">={use.min_version},<{use.max_version}"
     if not problems and use.applies_to(version):
         return True
-    if not problems and Version(version) >= Version(use.max_version):
+    if not problems and not checks.version_predates(version, use.min_version):
         _warn_once(name, f"{use.used_by} relies on private Keras API ({use.touches}) checked "
                          f"for Keras {span}; Keras {version} still has it, so it is used.")
         return True

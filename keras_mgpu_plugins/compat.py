@@ -21,6 +21,9 @@ in private modules, each under ~300 lines:
   through the environment rather than by patching: glibc's malloc top pad for
   the workers kmp starts (TensorFlow page-faulting each step's buffers in again
   under several workers), applied by the launcher (`launch._tuning`).
+  A patch whose absence changes training results (`Patch.changes_results`) fails
+  closed outside its checked range (newer versions, any pre-release):
+  `patch_keras()` raises `UncheckedVersionError` unless `KMP_ALLOW_UNCHECKED_VERSIONS=1`.
   Users who build their own `tf.distribute.MultiWorkerMirroredStrategy` call
   `kmp.compat.patch_keras()` once; `parallelize` does it for them.
 - `_compat_private`: private API. The rest of the package touches no Keras
@@ -44,9 +47,11 @@ replacement of `compat.patch_keras` itself.
 from __future__ import annotations
 
 from keras_mgpu_plugins._compat_patches import (
+    ALLOW_UNCHECKED_ENV,
     MIN_KERAS_FOR_DISTRIBUTION,
     PATCHES,
     Patch,
+    UncheckedVersionError,
     check_keras_for_distribution,
     patch_keras,
     unpatch_keras,
@@ -84,7 +89,8 @@ from keras_mgpu_plugins._keras_private import (
 )
 
 __all__ = [
-    "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES",
+    "ALLOW_UNCHECKED_ENV", "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS",
+    "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES", "UncheckedVersionError",
     "PRIVATE_USES", "ArchiveNames", "all_layers", "Patch", "PrivateUse", "archive_names",
     "check_keras_for_distribution", "check_private_uses", "distributing",
     "refuse_unsupported_settings", "hide_from_progbar",

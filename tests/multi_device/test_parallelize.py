@@ -155,6 +155,33 @@ def test_keras_that_trains_or_logs_wrongly_when_distributed_is_refused(monkeypat
     assert kmp.parallelize(strategy="mirrored")(tiny_model)().distribute_strategy.num_replicas_in_sync == 2
 
 
+def test_an_unchecked_keras_is_refused_before_the_first_distributed_fit(monkeypatch):
+    """A patch without which the numbers differ is not skipped on an unchecked Keras (a
+    pre-release here): the decorated factory raises, naming it and the switch; with the
+    switch set it trains, after one warning."""
+    import keras
+
+    from keras_mgpu_plugins import _compat_patches
+
+    kmp.compat.unpatch_keras()
+    monkeypatch.setattr(_compat_patches, "_warned_patches", set())
+    monkeypatch.setattr(keras, "__version__", "3.16.0rc0")
+    monkeypatch.delenv(kmp.compat.ALLOW_UNCHECKED_ENV, raising=False)
+    try:
+        with pytest.raises(kmp.compat.UncheckedVersionError,
+                           match=r"(?s)loss_scale_global_finiteness.*Keras 3\.16\.0rc0 still has "
+                                 r"the code it fixes.*KMP_ALLOW_UNCHECKED_VERSIONS=1"):
+            kmp.parallelize(strategy="mirrored")(tiny_model)()
+        monkeypatch.setenv(kmp.compat.ALLOW_UNCHECKED_ENV, "1")
+        with pytest.warns(UserWarning, match="outside the versions these patches were checked"):
+            model = kmp.parallelize(strategy="mirrored")(tiny_model)()
+        assert model.distribute_strategy.num_replicas_in_sync == 2
+    finally:
+        monkeypatch.undo()
+        kmp.compat.unpatch_keras()
+        kmp.compat.patch_keras()
+
+
 def test_simulate_devices_validates_and_is_idempotent():
     with pytest.raises(ValueError, match="Received: n=0"):
         kmp.simulate_devices(0)

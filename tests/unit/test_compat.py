@@ -377,68 +377,116 @@ def pretend(monkeypatch, version, present, library="keras"):
 TENSORFLOW_PATCHES = ["full_batch_executions_skip_input_check", "numpy_function_owned_outputs"]
 
 
-@pytest.mark.parametrize(("version", "present", "applied", "warning"), [
-    ("2.15.1", True, [], None),
-    ("2.21.0", True, TENSORFLOW_PATCHES, None),
-    ("2.22.0", True, TENSORFLOW_PATCHES, "TensorFlow 2.22.0 still has the code it fixes; applied."),
-    ("2.22.0", False, [], "TensorFlow 2.22.0 no longer has the code it fixes"),
+def results_changing(library="keras"):
+    return [p.name for p in compat.PATCHES if p.library == library and p.changes_results]
+
+
+def test_the_patches_that_change_results_are_classified():
+    """Fail-closed patches: without them the numbers differ from one device (not a crash)."""
+    assert set(results_changing("keras")) >= {
+        "loss_scale_global_finiteness", "clip_after_all_reduce", "compile_in_model_strategy_scope"}
+    assert results_changing("tensorflow") == ["numpy_function_owned_outputs"]
+    assert not {"symbolic_build_per_replica_batch", "steps_per_execution_under_distribution",
+                "jit_compile_per_replica"} & set(results_changing("keras"))
+
+
+def patch_quietly():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        applied = compat.patch_keras()
+    return applied, [str(w.message) for w in caught if "kmp.compat" in str(w.message)]
+
+
+@pytest.mark.parametrize(("version", "present", "allow", "applied", "note"), [
+    ("2.15.1", True, False, [], None),
+    ("2.21.0", True, False, TENSORFLOW_PATCHES, None),
+    ("2.22.0", True, True, TENSORFLOW_PATCHES, "TensorFlow 2.22.0 still has the code it fixes"),
+    ("2.22.0", False, True, [], "TensorFlow 2.22.0 no longer has the code it fixes"),
 ])
 def test_a_tensorflow_patch_follows_the_tensorflow_version(monkeypatch, unpatched, version, present,
-                                                           applied, warning):
+                                                           allow, applied, note):
     """TensorFlow patches are guarded by TensorFlow's version, not Keras's."""
-    import warnings
-
     assert [p.name for p in compat.PATCHES if p.library == "tensorflow"] == TENSORFLOW_PATCHES
     pretend(monkeypatch, version, present, library="tensorflow")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert compat.patch_keras() == applied
-    assert len(caught) == (len(TENSORFLOW_PATCHES) if warning else 0)
-    assert all(str(w.message).split("; ", 1)[1].startswith(warning) for w in caught)
-    assert all("checked for TensorFlow >=2.16.0,<2.22.0" in str(w.message) for w in caught)
+    if allow:
+        monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
+    done, notes = patch_quietly()
+    assert done == applied
+    assert len(notes) == (0 if note is None else 1)
+    if note:
+        assert notes[0].count(note) == len(TENSORFLOW_PATCHES)
+        assert notes[0].count("checked for TensorFlow >=2.16.0,<2.22.0") == len(TENSORFLOW_PATCHES)
 
 
-@pytest.mark.parametrize("version", ["3.2.0", "3.4.1"])
-def test_patches_skip_keras_without_the_code_they_fix(monkeypatch, unpatched, version):
+@pytest.mark.parametrize(("library", "version"), [
+    ("tensorflow", "2.22.0"), ("tensorflow", "2.22.0-dev20261101"), ("tensorflow", "2.21.0rc1"),
+    ("keras", "3.16.0"), ("keras", "3.16.0rc0"), ("keras", "3.16.0.dev2026110103"),
+    ("keras", "3.15.0rc1"),
+])
+def test_a_patch_that_changes_results_fails_closed_outside_its_range(monkeypatch, unpatched,
+                                                                     library, version):
+    """Newer versions and every pre-release: refused by name, with the range and the switch."""
+    pretend(monkeypatch, version, present=True, library=library)
+    monkeypatch.delenv(compat.ALLOW_UNCHECKED_ENV, raising=False)
+    with pytest.raises(compat.UncheckedVersionError) as raised:
+        compat.patch_keras()
+    message = str(raised.value)
+    for name in results_changing(library):
+        assert f"{name} (" in message
+    assert f"still has the code it fixes; checked for {_compat_patches._LIBRARY_NAMES[library]} >=" in message
+    assert "KMP_ALLOW_UNCHECKED_VERSIONS=1" in message
+    assert _compat_patches._applied == {}  # nothing half-applied
+
+
+def test_a_patch_that_changes_results_whose_code_is_gone_fails_closed(monkeypatch, unpatched):
+    """In the checked range too: a results patch that cannot find its code is not skipped."""
+    pretend(monkeypatch, "3.15.1", present=False)
+    monkeypatch.delenv(compat.ALLOW_UNCHECKED_ENV, raising=False)
+    with pytest.raises(compat.UncheckedVersionError, match="no longer has the code it fixes"):
+        compat.patch_keras()
+
+
+@pytest.mark.parametrize("version", ["3.2.0", "3.4.1", "3.9.0", "3.10.0rc1"])
+def test_patch_keras_refuses_keras_older_than_the_supported_range(monkeypatch, unpatched, version):
     pretend(monkeypatch, version, present=True)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        applied = compat.patch_keras()
-    expected = {"3.2.0": ["loss_scale_global_finiteness"],
-                "3.4.1": ["multi_worker_scalar_log_reduce", "loss_scale_global_finiteness"]}[version]
-    assert applied == expected
+    with pytest.raises(RuntimeError, match=r"needs Keras >= 3\.10\.0"):
+        compat.patch_keras()
+    assert _compat_patches._applied == {}
 
 
-def test_newer_keras_still_with_the_bug_is_patched_with_one_warning(monkeypatch, unpatched):
-    import warnings
-
+def test_newer_keras_still_with_the_bug_is_patched_with_one_warning_when_allowed(monkeypatch,
+                                                                                unpatched):
     pretend(monkeypatch, "3.16.0", present=True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert compat.patch_keras() == [p.name for p in _compat_patches.PATCHES]
-        compat.unpatch_keras()
-        assert compat.patch_keras() == [p.name for p in _compat_patches.PATCHES]  # no second warning
-    assert [str(w.message).split(" (")[0] for w in caught] == [
-        f"kmp.compat patch {p.name}" for p in _compat_patches.PATCHES]
-    assert all("Keras 3.16.0 still has the code it fixes; applied." in str(w.message)
-               for w in caught)
+    monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
+    applied, notes = patch_quietly()
+    assert applied == [p.name for p in _compat_patches.PATCHES]
+    assert len(notes) == 1  # one line per process, not one per patch
+    assert notes[0].count("Keras 3.16.0 still has the code it fixes") == len(applied)
+    compat.unpatch_keras()
+    assert patch_quietly() == (applied, [])  # no second warning
 
 
 @pytest.mark.parametrize("version", ["3.15.1", "3.16.0"])
 def test_keras_without_the_buggy_code_is_not_patched_and_says_so(monkeypatch, unpatched, version):
     pretend(monkeypatch, version, present=False)
-    with pytest.warns(UserWarning, match=rf"Keras {version} no longer has the code it fixes"):
-        assert compat.patch_keras() == []
+    monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
+    applied, notes = patch_quietly()
+    assert applied == [] and len(notes) == 1
+    assert notes[0].count(f"Keras {version} no longer has the code it fixes") == len(
+        _compat_patches.PATCHES)
 
 
 # --- the version policy ------------------------------------------------------------------
 
 
-def test_newer_keras_with_the_api_still_there_goes_on_with_one_warning(monkeypatch):
-    monkeypatch.setattr(keras, "__version__", "3.16.0")
-    with pytest.warns(UserWarning, match=r"checked for Keras >=3.10.0,<3.16.0; Keras 3.16.0"):
+@pytest.mark.parametrize("version", ["3.16.0", "3.16.0rc0", "3.15.0.dev2026110103"])
+def test_newer_keras_with_the_api_still_there_goes_on_with_one_warning(monkeypatch, version):
+    """A pre-release is never taken for a checked version, even where it sorts inside the range."""
+    monkeypatch.setattr(keras, "__version__", version)
+    monkeypatch.setattr(_keras_private, "_warned", set())
+    with pytest.warns(UserWarning, match=rf"checked for Keras >=3.10.0,<3.16.0; Keras {version}"):
         assert compat.require("model_checkpoint_hooks") is True
     import warnings
 
