@@ -99,5 +99,8 @@ def patch_numpy_function_owned_outputs() -> Any:
 def numpy_function_aliases_outputs() -> bool | None:
     from tensorflow.python.ops import script_ops
 
+    # TensorFlow 2.16 converts with `np.asarray(value, ...)`, 2.18 on with
+    # `numpy_compat.np_asarray(value, ...)`: neither copies an array that fits.
+    convert = script_ops.FuncRegistry._convert
     return (source_has(script_ops.FuncRegistry.__call__, "return self._convert(ret)")
-            and source_has(script_ops.FuncRegistry._convert, "np_asarray(value"))
+            and (source_has(convert, "np_asarray(value") or source_has(convert, "np.asarray(value")))

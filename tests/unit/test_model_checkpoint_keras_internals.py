@@ -33,7 +33,6 @@ def test_keras_model_checkpoint_private_methods_we_use_exist_with_their_signatur
     assert params(base._save_model) == ["self", "epoch", "batch", "logs"]
     assert params(base._get_file_path) == ["self", "epoch", "batch", "logs"]
     assert params(base._should_save_model) == ["self", "epoch", "batch", "logs", "filepath"]
-    assert callable(base._set_monitor_op) and callable(base._is_improvement)
 
 
 def test_keras_hooks_still_save_through_save_model():
