@@ -192,3 +192,47 @@ def test_a_worker_raising_mid_fit_exits_1_not_killed(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     assert "worker 1 of 2 raised RuntimeError (exit code 1)" in done.stderr
     assert done.stderr.splitlines()[-1] == "RuntimeError: boom on worker 1"  # its log's end
+
+
+PROGRESS_SCRIPT = """
+import os
+import keras, numpy as np
+import keras_mgpu_plugins as kmp
+
+@kmp.parallelize
+def build():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+x = np.ones((64, 4), "float32")
+model = build()
+model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=2)
+model.evaluate(x, x[:, :1], batch_size=16, verbose=2)
+print("done on worker", os.environ["KMP_WORKER_INDEX"], flush=True)
+"""
+
+
+def _progress_lines(text: str) -> list[str]:  # Keras's verbose=2 line: "4/4 - 0s - ... loss: ..."
+    return [line for line in text.splitlines() if " - loss: " in line]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_only_the_chief_shows_a_progress_bar_unless_all_output(tmp_path):
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    done, _ = _cli("-n", "2", "--timeout", "150", "--log-dir", "logs", str(script),
+                   cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = _progress_lines(done.stdout)  # fit's 2 epochs and evaluate: the chief's only
+    assert len(shown) == 3 and all(line.startswith("[worker 0] ") for line in shown), shown
+    log_1 = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert "done on worker 1" in log_1 and _progress_lines(log_1) == []  # verbose forced to 0
+    assert len(_progress_lines((tmp_path / "logs" / "worker-0.log").read_text())) == 3
+
+    done, _ = _cli("-n", "2", "--timeout", "150", "--all-output", str(script), cwd=tmp_path,
+                   timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = _progress_lines(done.stdout)
+    assert sorted(line[:11] for line in shown) == ["[worker 0] "] * 3 + ["[worker 1] "] * 3
