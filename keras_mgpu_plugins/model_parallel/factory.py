@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -123,7 +124,8 @@ def _place_optimizer_slots(model: Any) -> None:
 def _print_report_on_first_fit(model: Any) -> None:
     """Prints the placement report once, before the first `fit` whose `verbose` is not 0
     (activations estimated for that `fit`'s `batch_size`, a worker's share under "hybrid",
-    when it gives one)."""
+    when it gives one). Under "hybrid" only the chief prints it (every worker's plan is
+    the same: `hybrid._same_plan`), unless `KMP_OUTPUT=all`."""
     from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
     from keras_mgpu_plugins.model_parallel.report import placement_report
 
@@ -132,10 +134,11 @@ def _print_report_on_first_fit(model: Any) -> None:
 
     def fit(*args: Any, **kwargs: Any) -> Any:
         verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
-        if not printed[0] and verbose != 0:
+        workers, index = WORKERS.get(model, (1, 0))  # "hybrid": each worker's share
+        shown = index == 0 or os.environ.get("KMP_OUTPUT") == "all"
+        if not printed[0] and verbose != 0 and shown:
             printed[0] = True
             batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
-            workers = WORKERS.get(model, (1, 0))[0]  # "hybrid": each worker's share
             print(placement_report(model, batch_size=batch_size and batch_size // workers),
                   flush=True)
         return original(*args, **kwargs)
