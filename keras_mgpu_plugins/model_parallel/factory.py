@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -81,7 +83,45 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         setattr(model, attribute, None)  # traced before placement: trace again
     PLANS[model] = plan
     _print_report_on_first_fit(model)
+    _warn_when_cloned()
     return model
+
+
+class PlacementNotClonedWarning(UserWarning):
+    """`keras.models.clone_model` of a placed model returned an unplaced model."""
+
+
+def _warn_when_cloned() -> None:
+    """Makes `keras.models.clone_model` warn when given a model kmp placed. Idempotent.
+
+    Keras clones a model from its config: new layers, new variables, none of the
+    calls' device placement, micro-batches or placed train step. The clone is a
+    plain one-device model (what an export or an inference copy may want), so
+    it is returned, with a `PlacementNotClonedWarning` saying so
+    (`warnings.filterwarnings("error", category=...)` makes it an error).
+    """
+    import keras
+
+    original = keras.models.clone_model
+    if getattr(original, "_kmp_placement_warning", False):
+        return
+
+    @functools.wraps(original)
+    def clone_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if model in PLANS:
+            warnings.warn(
+                f"keras.models.clone_model({model.name!r}) returns an unplaced model: "
+                "the model was placed over several devices by @kmp.parallelize("
+                "strategy='model_parallel' or 'hybrid'), and Keras clones layers from their "
+                "config, without their devices, micro-batches or placed train step; the "
+                "clone runs where TensorFlow puts it (one device). For a placed copy, call "
+                "the decorated factory again and copy the weights "
+                "(copy.set_weights(model.get_weights())).",
+                PlacementNotClonedWarning, stacklevel=2)
+        return original(model, *args, **kwargs)
+
+    clone_model._kmp_placement_warning = True
+    keras.models.clone_model = clone_model
 
 
 def _after_compile(model: Any) -> None:
