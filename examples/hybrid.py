@@ -13,8 +13,10 @@ replicate over every GPU instead).
 Without GPUs each worker splits its CPU into 2 logical devices (`--devices 2`); with GPUs,
 every local GPU is a stage (or `--devices N` splits the first one, for a try-out).
 
-Each worker prints its placement report, then one line of JSON: the devices of its
-variables, a SHA-256 of its weights, its losses. The chief alone writes `model.keras`
+The chief prints its placement report (every worker's plan is checked to be the same),
+then each worker prints one line of JSON: the devices of its variables, a SHA-256 of its
+weights, its losses. kmp-launch shows the chief's output; worker 1's is in its log file
+(path printed; `--all-output` shows every worker's). The chief alone writes `model.keras`
 (loadable in plain Keras) in `--out`.
 """
 

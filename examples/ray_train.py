@@ -89,9 +89,15 @@ def train_loop_per_worker(config: dict) -> None:
 
 def run(out_dir: str, epochs: int, num_workers: int = 2) -> dict:
     """Trains on a local Ray cluster; returns the summary of what each worker wrote."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.tensorflow import TensorflowTrainer
+    try:
+        import ray
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.tensorflow import TensorflowTrainer
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] != "ray":
+            raise
+        raise SystemExit(f"examples/ray_train.py needs Ray Train ({err}). Install it with: "
+                         'pip install "keras_mgpu_plugins[ray]"') from err
 
     ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=True)
     try:

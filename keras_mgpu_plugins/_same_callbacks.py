@@ -9,14 +9,23 @@ fails with an unclear TensorFlow error. `install()` makes every
 `keras.Model.fit` under a strategy that spans workers first compare, in one
 all-gather, which kmp callbacks each worker was given, so that the job fails
 at train begin, on every worker, naming them.
+
+The same all-gather compares each worker's number of steps per epoch (Keras's
+`params["steps"]`): arrays of different lengths on different workers give them
+different step counts, and the worker with more steps would wait forever in
+its extra steps' all-reduce. Every worker raises `SettingsDifferError`, naming
+each worker's count.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import zlib
 from collections import Counter
 from typing import Any
+
+import numpy as np
 
 _MARK = "_kmp_same_callbacks"
 
@@ -28,26 +37,55 @@ def kmp_callback_names(callbacks: Any) -> tuple[str, ...]:
     return tuple(sorted(counts.elements()))
 
 
-def check(callbacks: Any, strategy: Any) -> None:
-    """Raises `SettingsDifferError` on every worker if their kmp callbacks differ.
+def _steps_differ_error(all_steps: list[int], here: int) -> Exception:
+    from keras_mgpu_plugins import collective
 
-    One all-gather of one CRC-32, on every worker, when `strategy` spans workers.
+    counts = ", ".join(f"worker {i}: {'unknown' if n < 0 else n}" for i, n in enumerate(all_steps))
+    return collective.SettingsDifferError(
+        f"model.fit would run a different number of steps per epoch on different workers "
+        f"({counts}; this is worker {here}). Each step all-reduces the gradients across "
+        "workers, so the worker with more steps would wait forever for the others. Give "
+        "every worker inputs of the same length (or the same number of batches), or pass "
+        "the same steps_per_epoch=... on every worker (at most the smallest count), or feed "
+        "one tf.data.Dataset that TensorFlow shards across the workers."
+    )
+
+
+def check(callbacks: Any, strategy: Any, steps: int | None = None) -> None:
+    """Raises on every worker if their kmp callbacks, or their steps per epoch, differ.
+
+    One all-gather of two numbers (a CRC-32 of the callbacks' names, the step
+    count), on every worker, when `strategy` spans workers.
+
+    Raises:
+        SettingsDifferError: If the workers' step counts differ (`None`, unknown,
+            counts as its own value), naming each worker's count; or if their kmp
+            callbacks differ, naming them.
     """
     from keras_mgpu_plugins import collective
 
+    if not collective.spans_workers(strategy):
+        return
     names = kmp_callback_names(callbacks)
-    try:
-        collective.same_settings({"kmp_callbacks": names}, "fit's kmp callbacks", strategy)
-    except collective.SettingsDifferError as err:
+    here = collective.worker_index(strategy)
+    digest = zlib.crc32(repr(names).encode())
+    gathered = collective.all_gather(
+        np.array([digest, -1 if steps is None else int(steps)], np.int64), strategy)
+    all_steps = [int(n) for n in gathered[:, 1]]
+    if len(set(all_steps)) > 1:
+        raise _steps_differ_error(all_steps, here)
+    differ = [int(r) for r in np.flatnonzero(gathered[:, 0] != gathered[0, 0])]
+    if differ:
         raise collective.SettingsDifferError(
             f"model.fit was given different kmp callbacks on different workers: here "
-            f"(worker {collective.worker_index(strategy)}) {list(names)}. kmp's callbacks run "
+            f"(worker {here}) {list(names)}. kmp's callbacks run "
             "collective operations with the other workers, so a worker given one the others "
             "were not would leave them waiting: pass the same callbacks, with the same "
             "arguments, on every worker (kmp's ModelCheckpoint, BackupAndRestore and "
-            "WeightSyncVerifier already write on the chief only). " + str(err).split(
-                " Differing: ", 1)[-1]
-        ) from None
+            "WeightSyncVerifier already write on the chief only). kmp_callbacks (here "
+            f"{names!r}; differs from the chief's on worker(s) "
+            f"{', '.join(str(r) for r in differ)})."
+        )
 
 
 def install() -> None:
@@ -70,7 +108,7 @@ def install() -> None:
             self.given = given
 
         def on_train_begin(self, logs: Any = None) -> None:
-            check(self.given, self.model.distribute_strategy)
+            check(self.given, self.model.distribute_strategy, self.params.get("steps"))
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:

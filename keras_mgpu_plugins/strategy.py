@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from keras_mgpu_plugins import _same_callbacks, collective
+from keras_mgpu_plugins import _same_callbacks, _worker_output, collective
 from keras_mgpu_plugins.topology import Topology, topology
 
 STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default")
@@ -78,6 +78,7 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             compat.check_keras_for_distribution()
         if isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy):
             compat.patch_keras()  # the user's own strategy needs the same Keras fixes
+            _worker_output.install()  # progress bars on the chief only
             _same_callbacks.install()
         collective.note_strategy(spec)  # the rank source now; raises if the env disagrees
         return spec
@@ -222,6 +223,7 @@ def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
             ) from err
         raise
     compat.patch_keras()
+    _worker_output.install()  # progress bars on the chief only (before: wrapped by the next)
     _same_callbacks.install()  # every worker's fit checks its kmp callbacks against the others'
     return strategy
 

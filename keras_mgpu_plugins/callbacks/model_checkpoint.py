@@ -143,6 +143,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.template = model
         self.async_save = async_save
         self._initial_value_threshold = initial_value_threshold  # `best` moves; this does not
+        self._mode = mode  # Keras < 3.11 keeps no `mode`
         self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
         self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
         self._writer = self._saves.writer
@@ -241,7 +242,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def _collective_settings(self) -> dict[str, Any]:
         """The arguments that decide where this callback runs collectives."""
         return {
-            "monitor": self.monitor, "mode": self.mode, "save_best_only": self.save_best_only,
+            "monitor": self.monitor, "mode": self._mode, "save_best_only": self.save_best_only,
             "save_weights_only": self.save_weights_only, "save_freq": self.save_freq,
             "initial_value_threshold": self._initial_value_threshold,
             "async_save": self.async_save,

@@ -2,8 +2,12 @@
 
 Each worker is a fresh Python process (never a fork) in its own session, with a
 `TF_CONFIG` describing a localhost cluster on free ports, the parent's
-environment, working directory and (for `launch`) `sys.path`. Its output is
-relayed line by line with a `[worker i] ` prefix. Workers sharing the host
+environment, working directory and (for `launch`) `sys.path`. Each worker's
+output (stdout and stderr) goes to its log file,
+`<tempdir>/kmp-launch-logs/<job id>/worker-<i>.log`; the chief's (worker 0's),
+or with `output="all"` every worker's, is also relayed line by line with a
+`[worker i] ` prefix, and non-chief workers' Keras progress bars are off
+unless `output="all"` (`KMP_OUTPUT`, see docs/launch.md). Workers sharing the host
 get their share of its cores for TensorFlow's thread pools, and glibc's top pad
 (`launch._tuning`), unless the user set those variables. Pickled payloads travel
 through a private temporary folder (mode 0700), never over the network.
@@ -40,7 +44,8 @@ WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WOR
 
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, timeout: float | None = None, *,
-           create_strategy: bool = True, env: Mapping[str, str | None] | None = None) -> list[Any]:
+           create_strategy: bool = True, env: Mapping[str, str | None] | None = None,
+           output: str = "chief", log_dir: str | None = None) -> list[Any]:
     """Runs `fn(*args, **kwargs)` in `num_workers` fresh local worker processes.
 
     Each worker gets `TF_CONFIG` for a localhost cluster of `num_workers`
@@ -65,12 +70,18 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         create_strategy: Create the multi-worker strategy in each worker
             first. With `False`, the bootstrap imports no TensorFlow.
         env: Variables to set (or, with `None`, unset) in the workers.
+        output: `"chief"`: only worker 0's output is shown here, the others'
+            goes to their log files (path printed), and their Keras progress
+            bars are off; `"all"`: every worker's is shown, prefixed, with its
+            progress bars. Every worker's output is in its log file either way.
+        log_dir: Folder for the log files `worker-<i>.log` (default:
+            `<tempdir>/kmp-launch-logs/<job id>`, kept after the run).
 
     Returns:
         What `fn` returned in each worker, in worker order.
 
     Raises:
-        ValueError: For a bad `num_workers`, `timeout` or `env`.
+        ValueError: For a bad `num_workers`, `timeout`, `env` or `output`.
         TypeError: For a non-callable `fn` or `args`/`kwargs`/`env` of the wrong type.
         NotPicklableError: If `fn`, `args` or `kwargs` cannot be pickled
             (raised before any process starts).
@@ -90,20 +101,30 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict or None. Received: kwargs={kwargs!r}")
     _check_common(num_workers, timeout)
+    _check_output(output, log_dir)
     environ = _worker_environ(env)
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
     spec = {"mode": "function", "sys_path": list(sys.path),
             "create_strategy": bool(create_strategy)}
-    return _run(spec, num_workers, timeout, environ, payload)
+    return _run(spec, num_workers, timeout, environ, payload, output, log_dir)
 
 
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
-         payload: bytes | None = None) -> list[Any]:
+         payload: bytes | None = None, output: str = "chief",
+         log_dir: str | None = None) -> list[Any]:
     # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
     # this package first, and must not have imported its own module already.
     from keras_mgpu_plugins.launch._supervisor import run
 
-    return run(spec, num_workers, timeout, environ, payload)
+    return run(spec, num_workers, timeout, environ, payload, output, log_dir)
+
+
+def _check_output(output: Any, log_dir: Any) -> None:
+    if output not in ("chief", "all"):
+        raise ValueError(f'output must be "chief" (only worker 0\'s output shown) or "all". '
+                         f"Received: output={output!r}")
+    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(f"log_dir must be a path or None. Received: log_dir={log_dir!r}")
 
 
 # `kmp.launch` may be this function or, once this module was imported by name,

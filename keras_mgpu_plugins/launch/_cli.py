@@ -29,8 +29,15 @@ private folder the workers share, removed at the end). Unless
 --no-strategy is given, each worker creates its MultiWorkerMirroredStrategy
 before the script starts (TensorFlow needs collective ops configured before
 its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the
-script creates itself, then uses it. Output lines are prefixed with
-"[worker i] ".
+script creates itself, then uses it.
+
+Output: every worker's stdout and stderr go to its log file,
+$TMPDIR/kmp-launch-logs/<job id>/worker-<i>.log (--log-dir DIR to choose the
+folder; the path is printed); worker 0's is also shown here, and the other
+workers' Keras progress bars are off. --all-output shows every worker's output
+here, progress bars included. Lines shown are prefixed with "[worker i] ".
+When a worker whose output was not shown fails, the last lines of its log are
+printed.
 
 Fail-fast: when a worker exits non-zero or dies, the others (and every process
 they started) are stopped within seconds. The exit code is 0 when every worker
@@ -47,9 +54,10 @@ examples:
   kmp-launch -n 2 train.py --epochs 3
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
   kmp-launch -n 2 --stall-timeout 300 train.py
+  kmp-launch -n 2 --all-output --log-dir logs train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
-_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout")
+_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout", "--log-dir")
 
 
 def _positive(kind: type, flag: str) -> Callable[[str], Any]:
@@ -70,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
         usage="kmp-launch [-n N] [--timeout SECONDS] [--stall-timeout SECONDS] "
-              "[--no-strategy] "
+              "[--no-strategy] [--all-output] [--log-dir DIR] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -84,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
                              "model.fit in every worker")
     parser.add_argument("--no-strategy", action="store_true",
                         help="do not create the multi-worker strategy before the script starts")
+    parser.add_argument("--all-output", action="store_true",
+                        help="show every worker's output here, prefixed, progress bars included "
+                             "(default: worker 0's; the others' go to their log files)")
+    parser.add_argument("--log-dir", metavar="DIR",
+                        help="folder of the workers' log files worker-<i>.log (default: "
+                             "$TMPDIR/kmp-launch-logs/<job id>)")
     parser.add_argument("-m", dest="module", metavar="module",
                         help="run a module as a script (as `python -m module`)")
     parser.add_argument("script", nargs="?", help="the script each worker runs")
@@ -133,9 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "create_strategy": not options.no_strategy, "stall_timeout": options.stall_timeout}
     try:
         _check_common(options.num_workers, options.timeout)
-        _run(spec, options.num_workers, options.timeout, _worker_environ(None))
+        _run(spec, options.num_workers, options.timeout, _worker_environ(None),
+             output="all" if options.all_output else "chief", log_dir=options.log_dir)
     except WorkerFailedError as err:
         print(f"kmp-launch: {err.summary}", file=sys.stderr)
+        if not err.output_shown and err.output_tail:  # its traceback went to its log only: the cause, here
+            print(f"kmp-launch: last lines of worker {err.worker_index}'s output (all of it in "
+                  f"{err.log_path}):\n" + "\n".join(err.output_tail), file=sys.stderr)
         code = err.exitcode or 1
         return 128 - code if code < 0 else code
     except LaunchTimeoutError as err:

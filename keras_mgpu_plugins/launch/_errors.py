@@ -33,12 +33,18 @@ class WorkerFailedError(LaunchError, RuntimeError):
         other_failures: Index to exit code of the other workers that failed on
             their own before being stopped.
         summary: One-line description of the failure.
+        log_path: The failing worker's log file (all of its output), or `None`.
+        output_shown: Whether its output was relayed to the launcher's terminal
+            (`False`: only its log file has it; the message ends with its last lines).
+        output_tail: Its last lines of output (stdout and stderr).
     """
 
     def __init__(self, message: str, *, summary: str, worker_index: int, num_workers: int,
                  exitcode: int | None, remote_traceback: str | None = None,
                  remote_exception: BaseException | None = None,
-                 other_failures: Mapping[int, int | None] | None = None) -> None:
+                 other_failures: Mapping[int, int | None] | None = None,
+                 log_path: str | None = None, output_shown: bool = True,
+                 output_tail: Sequence[str] = ()) -> None:
         super().__init__(message)
         self.summary = summary
         self.worker_index = worker_index
@@ -48,6 +54,9 @@ class WorkerFailedError(LaunchError, RuntimeError):
         self.remote_traceback = remote_traceback
         self.remote_exception = remote_exception
         self.other_failures = dict(other_failures or {})
+        self.log_path = log_path
+        self.output_shown = output_shown
+        self.output_tail = list(output_tail)
 
 
 class LaunchTimeoutError(LaunchError, TimeoutError):

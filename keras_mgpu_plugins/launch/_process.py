@@ -1,7 +1,9 @@
-"""One worker process as the launcher sees it: `_Worker`.
+"""One worker process as the launcher sees it: `_Worker`; where the workers' logs go.
 
-Its output is relayed line by line with a `[worker i] ` prefix (the last lines
-of its stderr are kept for the failure message); its outcome is read from the
+Its output is written line by line to its log file and, when the launcher shows
+it (the chief's by default, every worker's with `output="all"`), relayed to the
+launcher's own stdout/stderr with a `[worker i] ` prefix (the last lines of its
+stderr, and of its whole output, are kept for the failure message); its outcome is read from the
 files `launch._worker` writes; its process group, and descendants that left
 it, can be signalled. `launch._supervisor` starts and supervises the workers.
 """
@@ -14,6 +16,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -27,21 +30,60 @@ _TAIL_LINES = 20
 _output_lock = threading.Lock()
 
 
+def output_paths(log_dir: str | None, job_id: str) -> str:
+    """Creates and returns the folder of the workers' log files, `worker-<i>.log`.
+
+    By default `<tempdir>/kmp-launch-logs/<job id>` (`tempfile.gettempdir()`,
+    the job id of `KMP_JOB_ID`), with `-2`, `-3`... when a run of the same job
+    id wrote there already. The files stay after the run.
+    """
+    if log_dir is not None:
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+        except OSError as err:
+            raise LaunchError(f"Cannot create the folder for the workers' log files: {err}. "
+                              f"Received: log_dir={log_dir!r}") from err
+        return os.path.abspath(log_dir)
+    base = os.path.join(tempfile.gettempdir(), "kmp-launch-logs")
+    os.makedirs(base, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = os.path.join(base, job_id if attempt == 1 else f"{job_id}-{attempt}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+            return path
+    return tempfile.mkdtemp(prefix=f"{job_id}-", dir=base)
+
+
+def tell_where_output_goes(spec: dict, num_workers: int, output: str, log_dir: str) -> None:
+    if output == "all" or num_workers == 1:
+        return
+    program = "kmp.launch" if spec["mode"] == "function" else "kmp-launch"
+    others = "worker 1 writes" if num_workers == 2 else f"workers 1-{num_workers - 1} write"
+    flag = 'output="all"' if program == "kmp.launch" else "--all-output"
+    print(f"{program}: showing worker 0's output; {others} to "
+          f"{os.path.join(log_dir, 'worker-<i>.log')} ({flag} shows every worker's)",
+          file=sys.stderr, flush=True)
+
+
 class _Worker:
     """One worker process: its pipes' relays, outcome files and process group."""
 
     def __init__(self, index: int, proc: subprocess.Popen, spec_path: str,
-                 job_dir: str) -> None:
+                 job_dir: str, log_path: str, shown: bool = True) -> None:
         self.index, self.proc = index, proc
+        self.log_path, self.shown = log_path, shown
         self.stall_path = os.path.join(job_dir, "stall_watchdog", "stall.txt")
         self.result_path = _worker.outcome_path(spec_path, index, "result")
         self.error_path = _worker.outcome_path(spec_path, index, "error")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.relays = [
-            threading.Thread(target=_relay, args=(pipe, index, name, tail), daemon=True)
-            for pipe, name, tail in ((proc.stdout, "stdout", None),
-                                     (proc.stderr, "stderr", self.stderr_tail))
+            threading.Thread(target=_relay, args=(pipe, index, name, tails, log_path, shown),
+                             daemon=True)
+            for pipe, name, tails in ((proc.stdout, "stdout", (self.output_tail,)),
+                                      (proc.stderr, "stderr", (self.output_tail,
+                                                               self.stderr_tail)))
         ]
         for relay in self.relays:
             relay.start()
@@ -113,13 +155,22 @@ class _Worker:
             pass
 
 
-def _relay(pipe: Any, index: int, stream_name: str, tail: collections.deque | None) -> None:
+def _relay(pipe: Any, index: int, stream_name: str, tails: tuple[collections.deque, ...],
+           log_path: str, shown: bool) -> None:
+    """Copies one of a worker's pipes to its log file, and to ours when `shown`."""
     prefix = f"[worker {index}] "
-    with pipe:
+    # O_APPEND: the stdout and stderr relays add whole lines to one file without a lock.
+    log = _open_log(log_path)
+    with pipe, log if log is not None else contextlib.nullcontext():
         for raw in iter(pipe.readline, b""):
             line = raw.decode(errors="replace").rstrip("\r\n")
-            if tail is not None:
+            for tail in tails:
                 tail.append(line)
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            if not shown:
+                continue
             with _output_lock:
                 try:
                     stream = getattr(sys, stream_name)
@@ -127,3 +178,11 @@ def _relay(pipe: Any, index: int, stream_name: str, tail: collections.deque | No
                     stream.flush()
                 except (AttributeError, OSError, ValueError):
                     pass  # no usable stream: the line is dropped, the worker goes on
+
+
+def _open_log(path: str) -> Any:
+    try:
+        return open(path, "ab", buffering=0)  # noqa: SIM115 - closed by the relay's `with`
+    except OSError as err:
+        print(f"kmp.launch: cannot write the worker log {path}: {err}", file=sys.stderr)
+        return None

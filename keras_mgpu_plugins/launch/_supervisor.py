@@ -2,9 +2,11 @@
 
 Starts the workers (fresh interpreters running `keras_mgpu_plugins.launch._worker`, each
 in its own session with its `TF_CONFIG`), waits for them, stops every process
-group, and turns the first failure into a `WorkerFailedError`. One worker
-process as the launcher sees it (its output relayed line by line with a
-`[worker i] ` prefix, its outcome files, its process group) is `_process._Worker`.
+group, and turns the first failure into a `WorkerFailedError`. Each worker's
+output goes to its log file, `<log_dir>/worker-<i>.log` (`output_paths`); the
+chief's, or with `output="all"` every worker's, is also relayed here with a
+`[worker i] ` prefix. One worker process as the launcher sees it (its relays,
+its outcome files, its process group) is `_process._Worker`.
 Pickled payloads travel through a private temporary folder (mode 0700), never
 over the network.
 """
@@ -33,7 +35,7 @@ from keras_mgpu_plugins.launch._errors import (
     WorkerFailedError,
     describe_exit,
 )
-from keras_mgpu_plugins.launch._process import _Worker
+from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
 from keras_mgpu_plugins.launch._tuning import worker_tuning
 
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
@@ -42,7 +44,8 @@ _DRAIN_S = 10.0  # for the relays to pass on what the stopped workers wrote last
 
 
 def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
-        payload: bytes | None = None) -> list[Any]:
+        payload: bytes | None = None, output: str = "chief",
+        log_dir: str | None = None) -> list[Any]:
     """Starts the workers, supervises them, stops them all; returns `fn`'s values.
 
     Args:
@@ -51,6 +54,8 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         timeout: Seconds the run may take, or `None`.
         environ: The workers' environment, before the launcher's variables.
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
+        output: `"chief"` (only worker 0's output is relayed here) or `"all"`.
+        log_dir: Folder of the workers' log files (default: `output_paths`).
 
     Returns:
         Each worker's value (`None` each for a program), in worker order.
@@ -60,7 +65,7 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
     with _deferred_interrupt() as interrupted:
         try:
             results = _run(spec, num_workers, timeout, environ, payload, tmpdir, workers,
-                           interrupted)
+                           interrupted, output, log_dir)
         finally:
             _stop(workers)
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -96,7 +101,8 @@ def _deferred_interrupt() -> Any:
 
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
          payload: bytes | None, tmpdir: str, workers: list[_Worker],
-         interrupted: threading.Event | None) -> list[Any]:
+         interrupted: threading.Event | None, output: str = "chief",
+         log_dir: str | None = None) -> list[Any]:
     """The body of `run`: write the spec, start the workers, supervise them."""
     spec_path = os.path.join(tmpdir, "spec.pkl")
     if payload is not None:
@@ -116,6 +122,10 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
                "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
+    if output == "all":  # every worker's fit/evaluate/predict shows its progress bar
+        environ["KMP_OUTPUT"] = "all"
+    log_dir = output_paths(log_dir, job_id)
+    tell_where_output_goes(spec, num_workers, output, log_dir)
     cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
     for index in range(num_workers):
         tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
@@ -125,7 +135,9 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        workers.append(_Worker(index, proc, spec_path, job_dir))
+        workers.append(_Worker(index, proc, spec_path, job_dir,
+                               os.path.join(log_dir, f"worker-{index}.log"),
+                               shown=output == "all" or index == 0))
     _supervise(workers, timeout, payload is not None, interrupted)
     _stop(workers)
     _raise_first_failure(workers, payload is not None)
@@ -231,10 +243,14 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
         detail = f"Last lines of worker {first.index}'s stderr:\n" + "\n".join(first.stderr_tail)
     else:
         detail = f"Worker {first.index} printed nothing to stderr."
+    if not first.shown and first.output_tail:  # its output went to its log only: show the end
+        detail += (f"\n\nLast lines of worker {first.index}'s output (all of it in "
+                   f"{first.log_path}):\n" + "\n".join(first.output_tail))
     raise WorkerFailedError(
         f"{summary[0].upper()}{summary[1:]}\n\n{detail}", summary=summary,
         worker_index=first.index, num_workers=len(workers), exitcode=first.proc.returncode,
         remote_traceback=text, remote_exception=exc, other_failures=others,
+        log_path=first.log_path, output_shown=first.shown, output_tail=list(first.output_tail),
     )
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +83,45 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         setattr(model, attribute, None)  # traced before placement: trace again
     PLANS[model] = plan
     _print_report_on_first_fit(model)
+    _warn_when_cloned()
     return model
+
+
+class PlacementNotClonedWarning(UserWarning):
+    """`keras.models.clone_model` of a placed model returned an unplaced model."""
+
+
+def _warn_when_cloned() -> None:
+    """Makes `keras.models.clone_model` warn when given a model kmp placed. Idempotent.
+
+    Keras clones a model from its config: new layers, new variables, none of the
+    calls' device placement, micro-batches or placed train step. The clone is a
+    plain one-device model (what an export or an inference copy may want), so
+    it is returned, with a `PlacementNotClonedWarning` saying so
+    (`warnings.filterwarnings("error", category=...)` makes it an error).
+    """
+    import keras
+
+    original = keras.models.clone_model
+    if getattr(original, "_kmp_placement_warning", False):
+        return
+
+    @functools.wraps(original)
+    def clone_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if model in PLANS:
+            warnings.warn(
+                f"keras.models.clone_model({model.name!r}) returns an unplaced model: "
+                "the model was placed over several devices by @kmp.parallelize("
+                "strategy='model_parallel' or 'hybrid'), and Keras clones layers from their "
+                "config, without their devices, micro-batches or placed train step; the "
+                "clone runs where TensorFlow puts it (one device). For a placed copy, call "
+                "the decorated factory again and copy the weights "
+                "(copy.set_weights(model.get_weights())).",
+                PlacementNotClonedWarning, stacklevel=2)
+        return original(model, *args, **kwargs)
+
+    clone_model._kmp_placement_warning = True
+    keras.models.clone_model = clone_model
 
 
 def _after_compile(model: Any) -> None:
@@ -123,7 +164,8 @@ def _place_optimizer_slots(model: Any) -> None:
 def _print_report_on_first_fit(model: Any) -> None:
     """Prints the placement report once, before the first `fit` whose `verbose` is not 0
     (activations estimated for that `fit`'s `batch_size`, a worker's share under "hybrid",
-    when it gives one)."""
+    when it gives one). Under "hybrid" only the chief prints it (every worker's plan is
+    the same: `hybrid._same_plan`), unless `KMP_OUTPUT=all`."""
     from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
     from keras_mgpu_plugins.model_parallel.report import placement_report
 
@@ -132,10 +174,11 @@ def _print_report_on_first_fit(model: Any) -> None:
 
     def fit(*args: Any, **kwargs: Any) -> Any:
         verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
-        if not printed[0] and verbose != 0:
+        workers, index = WORKERS.get(model, (1, 0))  # "hybrid": each worker's share
+        shown = index == 0 or os.environ.get("KMP_OUTPUT") == "all"
+        if not printed[0] and verbose != 0 and shown:
             printed[0] = True
             batch_size = args[2] if len(args) > 2 else kwargs.get("batch_size")
-            workers = WORKERS.get(model, (1, 0))[0]  # "hybrid": each worker's share
             print(placement_report(model, batch_size=batch_size and batch_size // workers),
                   flush=True)
         return original(*args, **kwargs)

@@ -240,3 +240,18 @@ def test_multi_worker_all_callbacks_resumes_after_a_failure(tmp_path, all_callba
     # Resuming is exact: the same weights, to the bit, as the run that was never interrupted.
     uninterrupted = _records(all_callbacks_run[0])[0]
     assert _records(tmp_path)[0]["final_sha256"] == uninterrupted["final_sha256"]
+
+
+def test_ray_train_without_ray_names_the_extra_to_install(tmp_path):
+    """Ray is blocked in the child (`sys.modules["ray"] = None`), installed or not."""
+    path = example("ray_train.py")
+    code = ("import runpy, sys; sys.modules['ray'] = None; "
+            f"sys.argv = [{str(path)!r}, '--quick', '--out', {str(tmp_path)!r}]; "
+            f"runpy.run_path({str(path)!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "examples/ray_train.py needs Ray Train (import of ray halted; None in sys.modules). "
+        'Install it with: pip install "keras_mgpu_plugins[ray]"'), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

@@ -397,3 +397,21 @@ def test_stages_balance_memory_not_layer_counts():
     report = kmp.placement_report(kmp.parallelize(strategy="model_parallel")(lopsided)())
     assert [r.layers for r in report.rows] == [("big",), ("small_0", "small_1", "small_2")]
     assert report.rows[0].parameter_bytes == (64 * 256 + 256) * 4
+
+
+def test_clone_model_of_a_placed_model_warns_that_the_clone_is_unplaced():
+    from keras_mgpu_plugins.model_parallel.factory import PlacementNotClonedWarning
+
+    placed = kmp.parallelize(strategy="model_parallel", devices=["/cpu:1", "/cpu:0"])(mlp)()
+    with pytest.warns(PlacementNotClonedWarning,
+                      match=r"clone_model\('mlp'\) returns an unplaced model.*call the "
+                            r"decorated factory again"):
+        clone = keras.models.clone_model(placed)
+    assert clone not in kmp.model_parallel.factory.PLANS
+    with pytest.raises(ValueError, match="placement_report takes a model built by"):
+        kmp.placement_report(clone)
+    import warnings
+
+    with warnings.catch_warnings():  # an unplaced model clones without a word
+        warnings.simplefilter("error")
+        keras.models.clone_model(mlp())

@@ -127,6 +127,9 @@ def _fail_on_worker_1(action: str, pid_dir: str, grandchild: bool = False):
         time.sleep(0.02)
     if action == "raise":
         raise ValueError("boom from worker 1")
+    if action == "print-raise":
+        print("worker 1 about to fail", flush=True)
+        raise ValueError("boom from worker 1")
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     if action.startswith("exit"):
@@ -236,18 +239,63 @@ def test_payloads_travel_through_a_private_folder_removed_afterwards(tmp_path, m
     assert results[1][:2] == (folder, 0o700)
     assert os.path.dirname(folder) == str(tmp_path)
     assert {"spec.pkl", "payload.pkl"} <= set(files)
-    assert not os.path.exists(folder) and os.listdir(tmp_path) == []
+    assert not os.path.exists(folder) and os.listdir(tmp_path) == ["kmp-launch-logs"]  # kept
 
 
 def test_without_strategy_the_bootstrap_imports_no_tensorflow():
     assert _launch(_loaded_frameworks) == [[], []]
 
 
-def test_output_is_relayed_with_a_worker_prefix(capsys):
-    assert _launch(_chatty) == ["0", "1"]
+def test_output_all_relays_every_workers_output_with_a_worker_prefix(capsys, tmp_path):
+    assert _launch(_chatty, output="all", log_dir=str(tmp_path)) == ["0", "1"]
     out, err = capsys.readouterr()
     assert sorted(out.splitlines()) == ["[worker 0] hello from 0", "[worker 1] hello from 1"]
     assert sorted(err.splitlines()) == ["[worker 0] to stderr 0", "[worker 1] to stderr 1"]
+    assert (tmp_path / "worker-1.log").read_text() in ("hello from 1\nto stderr 1\n",
+                                                       "to stderr 1\nhello from 1\n")
+
+
+def test_by_default_only_the_chiefs_output_is_shown_the_others_go_to_their_log(capsys, tmp_path):
+    assert _launch(_chatty, num_workers=3, log_dir=str(tmp_path / "logs")) == ["0", "1", "2"]
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["[worker 0] hello from 0"]
+    logs = tmp_path / "logs"
+    assert err.splitlines() == [
+        f"kmp.launch: showing worker 0's output; workers 1-2 write to {logs}/worker-<i>.log "
+        '(output="all" shows every worker\'s)', "[worker 0] to stderr 0"]
+    for i in range(3):  # each file holds its worker's two lines (the two pipes' order varies)
+        assert sorted((logs / f"worker-{i}.log").read_text().splitlines()) == [
+            f"hello from {i}", f"to stderr {i}"]
+
+
+def test_the_default_log_folder_is_per_job_in_the_temporary_folder(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setenv("KMP_JOB_ID", "job42")
+    _launch(_chatty)
+    _launch(_chatty)  # the same job id again: a folder of its own
+    logs = tmp_path / "kmp-launch-logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["job42", "job42-2"]
+    assert "hello from 1" in (logs / "job42-2" / "worker-1.log").read_text()
+    assert f"writes to {logs}/job42/worker-<i>.log" in capsys.readouterr().err
+
+
+def test_a_hidden_workers_failure_shows_the_end_of_its_log(tmp_path):
+    (tmp_path / "pids").mkdir()
+    with pytest.raises(WorkerFailedError) as info:
+        _launch(_fail_on_worker_1, args=("print-raise", str(tmp_path / "pids")),
+                log_dir=str(tmp_path / "logs"))
+    err = info.value
+    assert (err.worker_index, err.output_shown) == (1, False)
+    assert err.log_path == str(tmp_path / "logs" / "worker-1.log")
+    assert err.output_tail[-1] == "worker 1 about to fail"
+    assert str(err).endswith(f"Last lines of worker 1's output (all of it in {err.log_path}):"
+                             "\nworker 1 about to fail")
+
+
+def test_output_must_be_chief_or_all():
+    with pytest.raises(ValueError, match="output must be \"chief\".*Received: output='every'"):
+        kmp.launch(_chatty, output="every")
 
 
 def test_a_raising_worker_stops_the_others_and_reports_its_traceback(tmp_path):

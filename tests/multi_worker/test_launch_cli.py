@@ -48,6 +48,10 @@ def _cli(*args, cwd, module=True, timeout=90):
     return done, time.monotonic() - start
 
 
+def _log_folder(stderr: str) -> str:
+    return stderr.split(" write to ")[-1].split(" writes to ")[-1].split("/worker-<i>.log")[0]
+
+
 @pytest.fixture
 def script(tmp_path):
     path = tmp_path / "script.py"
@@ -63,12 +67,27 @@ def _gone(pid: int) -> bool:
 
 
 def test_script_runs_as_main_in_each_worker_with_prefixed_output(script, tmp_path):
-    done, _ = _cli("-n", "2", "--no-strategy", str(script), "a", "--flag", cwd=tmp_path)
+    done, _ = _cli("-n", "2", "--no-strategy", "--all-output", str(script), "a", "--flag",
+                   cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == [
         f"[worker {i}] index={i} task={i} argv=['a', '--flag'] name=__main__ path0={tmp_path}"
         for i in range(2)
     ]
+
+
+def test_by_default_worker_1s_output_goes_to_its_log_file_and_its_path_is_printed(script,
+                                                                                   tmp_path):
+    done, _ = _cli("-n", "2", "--no-strategy", "--log-dir", "logs", str(script), "a",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    line = "index={i} task={i} argv=['a'] name=__main__ path0=" + str(tmp_path)
+    assert done.stdout.splitlines() == ["[worker 0] " + line.format(i=0)]
+    assert (tmp_path / "logs" / "worker-1.log").read_text() == line.format(i=1) + "\n"
+    assert (tmp_path / "logs" / "worker-0.log").read_text() == line.format(i=0) + "\n"
+    assert (f"kmp-launch: showing worker 0's output; worker 1 writes to "
+            f"{tmp_path}/logs/worker-<i>.log (--all-output shows every worker's)"
+            ) in done.stderr
 
 
 def test_console_script_runs_a_module_with_m(tmp_path):
@@ -77,7 +96,8 @@ def test_console_script_runs_a_module_with_m(tmp_path):
         pytest.skip("the kmp-launch console script is not installed next to this Python")
     (tmp_path / "kmp_cli_mod.py").write_text(
         "import os, sys\nprint(os.environ['KMP_WORKER_INDEX'], __name__, sys.argv[1:])\n")
-    done, _ = _cli("-n", "3", "--no-strategy", "-m", "kmp_cli_mod", "x", cwd=tmp_path, module=False)
+    done, _ = _cli("-n", "3", "--no-strategy", "--all-output", "-m", "kmp_cli_mod", "x",
+                   cwd=tmp_path, module=False)
     assert done.returncode == 0, done.stderr
     expected = [f"[worker {i}] {i} __main__ ['x']" for i in range(3)]
     assert sorted(done.stdout.splitlines()) == expected
@@ -87,10 +107,16 @@ def test_a_failing_worker_stops_the_others_and_sets_the_exit_code(script, tmp_pa
     done, _ = _cli("--no-strategy", str(script), "raise", str(tmp_path), cwd=tmp_path)
     assert not list(tmp_path.glob("slept-*"))  # stopped before their sleep ended
     assert done.returncode == 1
-    assert "[worker 1] RuntimeError: script boom on worker 1" in done.stderr.splitlines()
-    assert "[worker 1]   File " in done.stderr and "runpy" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert "[worker 1]" not in done.stderr  # its output is in its log, and its end here:
     assert "kmp-launch: worker 1 of 2 raised RuntimeError (exit code 1). " \
-           "The other workers were stopped." in done.stderr
+           "The other workers were stopped." in lines
+    header = lines.index("kmp-launch: last lines of worker 1's output (all of it in "
+                         f"{_log_folder(done.stderr)}/worker-1.log):")
+    assert lines[-1] == "RuntimeError: script boom on worker 1"
+    assert lines[header + 1].startswith("index=1 task=1 argv=['raise'")
+    assert lines[header + 2] == "Traceback (most recent call last):"
+    assert "runpy" not in done.stderr
     assert _gone(int((tmp_path / "worker-0").read_text()))
 
 
@@ -131,7 +157,8 @@ def test_a_tutorial_script_creating_its_own_strategy_runs(tmp_path):
         replicas = strategy.num_replicas_in_sync
         print("RESULT", type(made_by_launcher).__name__, replicas, float(total))
     """))
-    done, _ = _cli("-n", "2", "--timeout", "150", str(script), cwd=tmp_path, timeout=200)
+    done, _ = _cli("-n", "2", "--timeout", "150", "--all-output", str(script), cwd=tmp_path,
+                   timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
     results = sorted(line for line in done.stdout.splitlines() if "RESULT" in line)
     assert results == [f"[worker {i}] RESULT CollectiveAllReduceStrategy 2 2.0" for i in range(2)]
@@ -164,4 +191,48 @@ def test_a_worker_raising_mid_fit_exits_1_not_killed(tmp_path):
     done, _ = _cli("-n", "2", "--timeout", "150", str(script), cwd=tmp_path, timeout=200)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "worker 1 of 2 raised RuntimeError (exit code 1)" in done.stderr
-    assert "[worker 1] RuntimeError: boom on worker 1" in done.stderr
+    assert done.stderr.splitlines()[-1] == "RuntimeError: boom on worker 1"  # its log's end
+
+
+PROGRESS_SCRIPT = """
+import os
+import keras, numpy as np
+import keras_mgpu_plugins as kmp
+
+@kmp.parallelize
+def build():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+x = np.ones((64, 4), "float32")
+model = build()
+model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=2)
+model.evaluate(x, x[:, :1], batch_size=16, verbose=2)
+print("done on worker", os.environ["KMP_WORKER_INDEX"], flush=True)
+"""
+
+
+def _progress_lines(text: str) -> list[str]:  # Keras's verbose=2 line: "4/4 - 0s - ... loss: ..."
+    return [line for line in text.splitlines() if " - loss: " in line]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_only_the_chief_shows_a_progress_bar_unless_all_output(tmp_path):
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS_SCRIPT)
+    done, _ = _cli("-n", "2", "--timeout", "150", "--log-dir", "logs", str(script),
+                   cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = _progress_lines(done.stdout)  # fit's 2 epochs and evaluate: the chief's only
+    assert len(shown) == 3 and all(line.startswith("[worker 0] ") for line in shown), shown
+    log_1 = (tmp_path / "logs" / "worker-1.log").read_text()
+    assert "done on worker 1" in log_1 and _progress_lines(log_1) == []  # verbose forced to 0
+    assert len(_progress_lines((tmp_path / "logs" / "worker-0.log").read_text())) == 3
+
+    done, _ = _cli("-n", "2", "--timeout", "150", "--all-output", str(script), cwd=tmp_path,
+                   timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = _progress_lines(done.stdout)
+    assert sorted(line[:11] for line in shown) == ["[worker 0] "] * 3 + ["[worker 1] "] * 3

@@ -84,3 +84,32 @@ def test_fit_outside_a_multi_worker_strategy_runs_no_check(monkeypatch):
     model.compile("sgd", "mse")
     history = model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0, epochs=2)
     assert len(history.history["loss"]) == 2
+
+
+def arrays_of_different_lengths():
+    import keras
+
+    @kmp.parallelize
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        return model
+
+    model = build()
+    rows = 64 if kmp.topology().is_chief else 48  # 4 steps of 16 rows here, 3 there
+    x = np.ones((rows, 4), "float32")
+    try:
+        model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0)
+    except kmp.collective.SettingsDifferError as err:
+        return str(err)
+    return "fit returned"
+
+
+def test_different_step_counts_raise_on_every_worker_naming_both_counts():
+    """Without the check worker 0 waits forever in its 4th step (the run times out)."""
+    messages = kmp.launch(arrays_of_different_lengths, num_workers=2, timeout=150)
+    for index, message in enumerate(messages):
+        assert message.startswith(
+            "model.fit would run a different number of steps per epoch on different workers "
+            f"(worker 0: 4, worker 1: 3; this is worker {index})."), message
+        assert "steps_per_epoch" in message

@@ -63,7 +63,7 @@ def _launch(tmp_path, script_text, stall_timeout):
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2", "--timeout", "240",
-         "--stall-timeout", str(stall_timeout), str(script)],
+         "--all-output", "--stall-timeout", str(stall_timeout), str(script)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     return done.returncode, done.stdout + done.stderr, time.time()
 

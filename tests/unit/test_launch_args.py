@@ -126,3 +126,13 @@ def test_a_sigint_handler_of_the_callers_own_is_left_alone():
         assert signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_kmp_output_keeps_progress_bars_in_one_process_and_refuses_other_values(monkeypatch):
+    from keras_mgpu_plugins import _worker_output
+
+    monkeypatch.delenv("KMP_OUTPUT", raising=False)
+    assert _worker_output.quiet_here() is False  # one process: it is the chief
+    monkeypatch.setenv("KMP_OUTPUT", "none")
+    with pytest.raises(ValueError, match="KMP_OUTPUT must be \"chief\".*Received: KMP_OUTPUT='none'"):
+        _worker_output.quiet_here()

@@ -31,6 +31,8 @@ def no_workers(monkeypatch):
         (["--", "-odd-name.py", "a"], ["--", "-odd-name.py"], ["a"]),
         (["--help"], ["--help"], []),
         (["--stall-timeout", "60", "t.py", "a"], ["--stall-timeout", "60", "t.py"], ["a"]),
+        (["--log-dir", "logs", "--all-output", "t.py", "a"],
+         ["--log-dir", "logs", "--all-output", "t.py"], ["a"]),
     ],
 )
 def test_the_script_or_module_ends_the_launchers_options(argv, own, rest):
@@ -42,7 +44,8 @@ def test_help_documents_the_options(capsys):
     out = capsys.readouterr().out
     for text in ("-n N", "--timeout SECONDS", "--no-strategy", "-m module", "[worker i]",
                  "TF_CONFIG", "KMP_WORKER_INDEX", "124", "--stall-timeout SECONDS",
-                 "StallWatchdog(timeout=SECONDS)", "KMP_JOB_DIR", "exit code 70"):
+                 "StallWatchdog(timeout=SECONDS)", "KMP_JOB_DIR", "exit code 70",
+                 "--all-output", "--log-dir DIR", "kmp-launch-logs/<job id>/worker-<i>.log"):
         assert text in out
 
 
@@ -85,7 +88,7 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
     ])
     seen = []
 
-    def fake_run(spec, num_workers, timeout, environ):
+    def fake_run(spec, num_workers, timeout, environ, output="chief", log_dir=None):
         seen.append((spec, num_workers, timeout))
         outcome = next(outcomes)
         if outcome is not None:
