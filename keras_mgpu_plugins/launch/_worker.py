@@ -78,8 +78,10 @@ def _run_function(spec: dict, out: str, errors: str) -> int:
     try:
         _maybe_create_strategy(spec)
         stage = "load"
+        from keras_mgpu_plugins.launch import _source
+
         with open(spec["payload_path"], "rb") as f:
-            fn, args, kwargs = pickle.load(f)
+            fn, args, kwargs = _source.loads(f.read())  # the source into linecache first
         stage = "run"
         value = fn(*args, **kwargs)
     except SystemExit as exit_:
