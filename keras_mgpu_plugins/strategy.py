@@ -216,16 +216,31 @@ def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
             raise StrategyError(
                 "The multi-worker strategy must be created before TensorFlow runs its "
                 "first operation (TensorFlow: 'Collective ops must be configured at "
-                "program startup'). Apply @kmp.parallelize(...) to your model factory at "
-                "module level, before any TensorFlow op, tf.data pipeline or Keras layer "
-                "is created (or call kmp.strategy.get_strategy('multi_worker') first "
-                "thing in your script)."
+                "program startup'), and this process already ran one (a tensor, a "
+                "layer's adapt, an image resize, a tf.data pipeline) before "
+                "@kmp.parallelize created it. Start each worker with "
+                f"`python -m keras_mgpu_plugins.run {_script_hint()}` (under SLURM: "
+                "`srun python -m keras_mgpu_plugins.run ...`): it creates the strategy "
+                "before your script runs, as kmp-launch does, and the script stays as it "
+                "is. Or apply @kmp.parallelize(...) to your model factory at module level, "
+                "before any TensorFlow work."
             ) from err
         raise
     compat.patch_keras()
     _worker_output.install()  # progress bars on the chief only (before: wrapped by the next)
     _same_callbacks.install()  # every worker's fit checks its kmp callbacks against the others'
     return strategy
+
+
+def _script_hint() -> str:
+    """`train.py args`: how this process's script was started, for the error message."""
+    import os
+    import shlex
+    import sys
+
+    if not sys.argv or sys.argv[0] in ("", "-c", "-"):
+        return "train.py ..."
+    return shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
 
 
 def _slurm_resolver(tf: Any, topo: Topology, accelerators: dict | None = None) -> Any:

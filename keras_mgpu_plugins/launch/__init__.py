@@ -59,7 +59,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
 
     `fn` travels with cloudpickle: lambdas, closures and functions defined in
     `__main__` or a notebook work; a function from an importable module is sent
-    by reference and imported in the worker.
+    by reference and imported in the worker. The source of what travels by value
+    goes with it (`launch._source`), so that `inspect.getsource` and TensorFlow's
+    AutoGraph (`tf.function`, `Dataset.map` with Python `if`/`for` over tensors)
+    work in the workers as in one process.
 
     Args:
         fn: The function each worker calls.
@@ -157,10 +160,10 @@ def _check_common(num_workers: Any, timeout: Any) -> None:
 
 
 def _pickle_payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
-    import cloudpickle
+    from keras_mgpu_plugins.launch import _source
 
-    try:
-        return cloudpickle.dumps((fn, args, kwargs))
+    try:  # with the source of what travels by value, for inspect and AutoGraph
+        return _source.dumps((fn, args, kwargs))
     except Exception as err:
         parts = (("fn", fn), ("args", args), ("kwargs", kwargs))
         name, value = next(((n, v) for n, v in parts if not _picklable(v)), ("fn", fn))

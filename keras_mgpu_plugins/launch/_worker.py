@@ -78,8 +78,10 @@ def _run_function(spec: dict, out: str, errors: str) -> int:
     try:
         _maybe_create_strategy(spec)
         stage = "load"
+        from keras_mgpu_plugins.launch import _source
+
         with open(spec["payload_path"], "rb") as f:
-            fn, args, kwargs = pickle.load(f)
+            fn, args, kwargs = _source.loads(f.read())  # the source into linecache first
         stage = "run"
         value = fn(*args, **kwargs)
     except SystemExit as exit_:
@@ -101,16 +103,12 @@ def _run_function(spec: dict, out: str, errors: str) -> int:
 
 
 def _run_program(spec: dict, out: str) -> int:
-    target, module = spec["target"], spec["mode"] == "module"
-    sys.argv[:] = [target, *spec["argv"]]
-    if not module:  # as `python script.py`: the script's folder first on sys.path
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    # The same code as `python -m keras_mgpu_plugins.run` under a scheduler.
+    from keras_mgpu_plugins.run import run_program
+
     try:
         _maybe_create_strategy(spec)
-        if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
+        run_program(spec["target"], spec["argv"], module=spec["mode"] == "module")
     except SystemExit:
         raise
     except BaseException as err:  # noqa: B036 - printed like Python does, then reported
@@ -122,24 +120,21 @@ def _run_program(spec: dict, out: str) -> int:
 
 
 def _maybe_create_strategy(spec: dict) -> None:
-    if spec["create_strategy"] and spec["num_workers"] > 1:
-        # Created here, before any user code, because TensorFlow can configure
-        # collective ops only before its runtime starts. `get_strategy` caches
-        # it per process, so user code (`kmp.parallelize`) gets this object.
-        from keras_mgpu_plugins.strategy import get_strategy
+    # Before any user code, because TensorFlow can configure collective ops only
+    # before its runtime starts; then kmp-launch --stall-timeout's watchdog.
+    from keras_mgpu_plugins.run import prepare
 
-        get_strategy("multi_worker")
-    if spec.get("stall_timeout") is not None:  # kmp-launch --stall-timeout
-        from keras_mgpu_plugins.callbacks.stall_watchdog import add_to_every_fit
-
-        add_to_every_fit(spec["stall_timeout"])
+    prepare(create_strategy=spec["create_strategy"] and spec["num_workers"] > 1,
+            stall_timeout=spec.get("stall_timeout"))
 
 
 def _user_traceback(err: BaseException) -> str:
     """The traceback text of `err` without the bootstrap's own frames, as Python prints it."""
+    from keras_mgpu_plugins import run
+
     tb = err.__traceback__
     while tb is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, run.__file__)
         or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
     ):
         tb = tb.tb_next

@@ -15,7 +15,12 @@ with the reason, where none answer (CI does not start them). One `sbatch --wait`
    resume is still checked, and the at-once test fails;
 3. `srun -n 1` in the 2-task allocation (1 worker: the step's task count), and `python` in
    the batch script itself, not a task of any step (a `TopologyError` that says so);
-4. step 0's variables copied into the batch script (its slurmstepd is `[JOB.batch]`), and a
+4. `srun -n 2 python -m keras_mgpu_plugins.run module_level.py`: a program that adapts a
+   `Normalization` layer and resizes images at module level, before its `@kmp.parallelize`
+   factory (a keras.io ViT's shape); the runner creates the strategy first, both workers end
+   bit-identical with `srun -n 1`'s weights (tests/multi_worker/test_cluster_env.py runs it
+   with TF_CONFIG and SLURM variables set by hand);
+5. step 0's variables copied into the batch script (its slurmstepd is `[JOB.batch]`), and a
    subprocess of a task's TensorFlow process that inherited the task's variables: each
    a `TopologyError` naming the mismatch.
 """
@@ -30,7 +35,10 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+
+from tests.multi_worker.test_cluster_env import MODULE_LEVEL_WORK
 
 
 def _slurm_missing() -> str | None:
@@ -127,6 +135,10 @@ if [ $code -ne 0 ]; then
   code=$?
   echo "at $(date +%s.%N) third step exit code $code"
 fi
+srun -n 2 --kill-on-bad-exit=1 {python} -m keras_mgpu_plugins.run {out}/module_level.py \\
+  | sed 's/^RESULT /module-level two: /'
+srun -n 1 {python} -m keras_mgpu_plugins.run {out}/module_level.py \\
+  | sed 's/^RESULT /module-level one: /'
 srun -n 1 {python} -c "import keras_mgpu_plugins as kmp; t = kmp.topology(); \\
 print('one task step:', t.num_workers, t.worker_index, t.source)"
 {python} -c "import keras_mgpu_plugins as kmp; kmp.topology()" 2>&1 | tail -1
@@ -143,6 +155,7 @@ kmp.topology()'])" 2>&1 | grep errors.TopologyError | sed 's/^/subprocess: /'
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("slurm")
     (out / "train.py").write_text(textwrap.dedent(TRAIN))
+    (out / "module_level.py").write_text(MODULE_LEVEL_WORK)
     (out / "job.sh").write_text(BATCH.format(out=out, python=sys.executable,
                                              port_base=PORT_BASE))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -221,3 +234,21 @@ def test_variables_of_another_step_or_task_are_refused(job):
     for line in subprocess_lines:
         assert "claims to be task SLURM_PROCID=" in line
         assert "started by a process of that task that runs TensorFlow" in line
+
+
+def _module_level_results(log: str, label: str) -> list[dict]:
+    prefix = f"module-level {label}: "
+    return [json.loads(line[len(prefix):]) for line in log.splitlines()
+            if line.startswith(prefix)]
+
+
+def test_module_level_tensorflow_work_runs_under_srun_through_the_runner(job):
+    _, log, _, _ = job
+    two = sorted(_module_level_results(log, "two"), key=lambda r: r["worker"])
+    [one] = _module_level_results(log, "one")
+    assert [(r["worker"], r["source"], r["replicas"], r["multi_worker"]) for r in two] == [
+        (0, "slurm", 2, True), (1, "slurm", 2, True)], log[-3000:]
+    assert (one["source"], one["replicas"], one["multi_worker"]) == ("local", 1, False)
+    assert two[0]["weights"] == two[1]["weights"]
+    for got, want in zip(two[0]["weights"], one["weights"], strict=True):
+        np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5)
