@@ -42,7 +42,12 @@ from keras_mgpu_plugins._compat_loss_scale import (
     loss_scale_takes_first_replica,
     patch_loss_scale_finiteness,
 )
-from keras_mgpu_plugins._compat_optim import clips_before_all_reduce, patch_clip_after_all_reduce
+from keras_mgpu_plugins._compat_optim import (
+    clips_before_all_reduce,
+    keeps_duplicate_slices,
+    patch_clip_after_all_reduce,
+    patch_sum_duplicate_slices,
+)
 from keras_mgpu_plugins._compat_trainer import (
     multi_step_conds_the_step,
     patch_reduce_per_replica,
@@ -162,6 +167,18 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_clip_after_all_reduce,
         present=clips_before_all_reduce,
+    ),
+    # Sparse gradients with duplicate rows: no keras-team/keras issue found. The code is
+    # keras-team/keras#18692 (3.0.0: optimizers take tf.IndexedSlices as they are, `ops.square`
+    # squares each slice); keras-team/keras#19992 discusses the same code (speed). Also applied
+    # on one device, to the optimizers of the models kmp.parallelize builds. Keras 3.15.
+    Patch(
+        name="sum_duplicate_sparse_gradient_rows",
+        upstream="https://github.com/keras-team/keras/pull/18692",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=patch_sum_duplicate_slices,
+        present=keeps_duplicate_slices,
     ),
     # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
     # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
@@ -289,21 +306,38 @@ def patch_keras() -> list[str]:
         return []
     with _lock:
         for patch in PATCHES:
-            version = patch.installed_version()
-            if patch.name in _applied or Version(version) < Version(patch.min_version):
-                continue
-            present = patch.present()
-            checked = patch.applies_to(version)
-            library = _LIBRARY_NAMES[patch.library]
-            if present is False or (present is None and not checked):
-                _warn_patch(patch, f"{library} {version} no longer has the code it fixes "
-                                   f"({'changed' if present is False else 'unreadable'}); not "
-                                   "applied. If multi-worker fit fails, please report it.")
-                continue
-            if not checked:
-                _warn_patch(patch, f"{library} {version} still has the code it fixes; applied.")
-            _applied[patch.name] = patch.apply()
+            _apply(patch)
         return list(_applied)
+
+
+def patch_one(name: str) -> bool:
+    """Applies the patch `name` alone, as `patch_keras` would; whether it is in force after."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return False
+    with _lock:
+        for patch in PATCHES:
+            if patch.name == name:
+                _apply(patch)
+        return name in _applied
+
+
+def _apply(patch: Patch) -> None:
+    version = patch.installed_version()
+    if patch.name in _applied or Version(version) < Version(patch.min_version):
+        return
+    present = patch.present()
+    checked = patch.applies_to(version)
+    library = _LIBRARY_NAMES[patch.library]
+    if present is False or (present is None and not checked):
+        _warn_patch(patch, f"{library} {version} no longer has the code it fixes "
+                           f"({'changed' if present is False else 'unreadable'}); not "
+                           "applied. If multi-worker fit fails, please report it.")
+        return
+    if not checked:
+        _warn_patch(patch, f"{library} {version} still has the code it fixes; applied.")
+    _applied[patch.name] = patch.apply()
 
 
 def _warn_patch(patch: Patch, what: str) -> None:
@@ -315,7 +349,7 @@ def _warn_patch(patch: Patch, what: str) -> None:
         warnings.warn(f"kmp.compat patch {patch.name} ({patch.upstream}) is checked for "
                       f"{_LIBRARY_NAMES[patch.library]} "
                       f">={patch.min_version},<{patch.max_version}; {what}", UserWarning,
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 def unpatch_keras() -> None:

@@ -498,3 +498,62 @@ def iterator_release(strategy):
     model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
     all_destroyed.wait(60)
     return threads, len(made)
+
+
+MAXLEN, VOCAB = 6, 10
+
+
+def sparse_gradients_run(strategy, optimizer="adam", kind="position", dense=False):
+    """Embedding lookups trained with `optimizer` ("sgd", "adam", "adamw", "rmsprop").
+
+    `kind="position"`: one lookup of `arange(maxlen)` added to every row of the batch (the
+    keras.io text transformer's position embedding; its gradient has one slice per position
+    on one device, one per position and replica on N). `kind="tokens"`: a lookup per token,
+    10 tokens in 48 per batch, so rows repeat within a batch on one device already.
+    `strategy=None`: plain Keras, no kmp. `dense=True`: the optimizer is given dense
+    gradients (what the update should be)."""
+    import keras
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    init = keras.initializers.RandomNormal(seed=1)
+
+    class PositionEmbedding(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.positions = keras.layers.Embedding(MAXLEN, 4, embeddings_initializer=init)
+            self.project = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(2))
+
+        def call(self, x):
+            return self.project(x) + self.positions(keras.ops.arange(MAXLEN))
+
+    base = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+            "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}[optimizer]
+
+    class Dense(base):
+        def apply(self, grads, trainable_variables=None):
+            return super().apply([tf.convert_to_tensor(g) for g in grads], trainable_variables)
+
+    def build():
+        if kind == "position":
+            inputs = keras.Input((MAXLEN, 3))
+            h = PositionEmbedding()(inputs)
+        else:
+            inputs = keras.Input((MAXLEN,), dtype="int32")
+            h = keras.layers.Embedding(VOCAB, 4, embeddings_initializer=init)(inputs)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        h = keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3))(h)
+        outputs = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4))(h)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=(Dense if dense else base)(0.05 if optimizer == "sgd" else 0.01),
+                      loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(32, MAXLEN, 3)).astype("float32") if kind == "position"
+         else rng.integers(0, VOCAB, size=(32, MAXLEN)).astype("int32"))
+    y = rng.normal(size=(32, 1)).astype("float32")
+    model = build() if strategy is None else kmp.parallelize(strategy=strategy)(build)()
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"weights": model.get_weights(), "history": history.history}

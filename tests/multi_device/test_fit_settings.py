@@ -340,7 +340,8 @@ def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given()
     compat.unpatch_keras()
     try:
         kmp.parallelize(strategy="default")(s.model_factory())()
-        assert _compat_patches._applied == {}  # one device: Keras as released
+        # One device: Keras as released, but for sparse gradients (summed per row, as on N).
+        assert set(_compat_patches._applied) == {"sum_duplicate_sparse_gradient_rows"}
     finally:
         compat.patch_keras()
 
@@ -354,3 +355,47 @@ def test_device_metrics_logger_per_batch_records_with_steps_per_execution_as_one
                 for batch, kind in (("4", "batch"), ("8", "batch"), ("10", "epoch"))]
     assert two["rows"] == one["rows"] == every_step["rows"] == expected
     s.assert_close(two["weights"], one["weights"])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_position_embedding_trains_as_plain_keras_on_one_device(optimizer):
+    """One lookup of arange(maxlen) for the whole batch: one slice per position on one device,
+    one per position and replica on 2 (Adam squared each: 1.3e-2 off, test below)."""
+    plain = s.sparse_gradients_run(None, optimizer, "position")
+    two = s.sparse_gradients_run("mirrored", optimizer, "position")
+    s.assert_close(two["weights"], plain["weights"])
+    np.testing.assert_allclose(two["history"]["loss"], plain["history"]["loss"], atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_repeated_tokens_train_as_kmp_on_one_device_and_as_the_dense_gradient(optimizer):
+    dense = s.sparse_gradients_run(None, optimizer, "tokens", dense=True)
+    one = s.sparse_gradients_run("default", optimizer, "tokens")
+    two = s.sparse_gradients_run("mirrored", optimizer, "tokens")
+    s.assert_close(one["weights"], dense["weights"])
+    s.assert_close(two["weights"], dense["weights"])
+
+
+def test_plain_keras_squares_each_slice_of_a_repeated_row():
+    """What Keras 3.15 does on one device (kmp sums the rows first): Adam 3.8e-2 off the dense
+    gradient's update with repeated tokens, SGD (linear) the same. Drop the one-device part of
+    sum_duplicate_sparse_gradient_rows when this stops differing."""
+    for optimizer, differs in (("adam", True), ("sgd", False)):
+        plain = s.sparse_gradients_run(None, optimizer, "tokens")
+        dense = s.sparse_gradients_run(None, optimizer, "tokens", dense=True)
+        assert (largest_difference(plain, dense) > 1e-2) is differs, optimizer
+
+
+@pytest.fixture
+def no_sparse_patch(monkeypatch):
+    without_patch(monkeypatch, "sum_duplicate_sparse_gradient_rows")
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+def test_a_position_embedding_with_adam_differs_from_one_device_without_the_patch(no_sparse_patch):
+    """The all-reduce concatenates the replicas' slices of each position: Adam squares each."""
+    plain = s.sparse_gradients_run(None, "adam", "position")
+    assert largest_difference(s.sparse_gradients_run("mirrored", "adam", "position"), plain) > 1e-3
