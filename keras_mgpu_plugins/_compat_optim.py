@@ -12,6 +12,7 @@ row before the update, under a distributing strategy and for the models
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
@@ -148,6 +149,7 @@ def patch_sum_duplicate_slices() -> Any:
 
     original = tf_optimizer.TFOptimizer._all_reduce_sum_gradients
 
+    @functools.wraps(original)  # `present` checks read Keras's source through it
     def _all_reduce_sum_gradients(self, grads_and_vars):
         reduced = original(self, grads_and_vars)
         if not (getattr(self, SUMS_DUPLICATE_SLICES, False)

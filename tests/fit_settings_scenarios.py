@@ -99,12 +99,38 @@ def sync_batchnorm_run(strategy, sync=True):
     return {"weights": model.get_weights(), "history": history.history}
 
 
+#: y 3 times larger: one device's global-batch float16 kernel gradient overflows at 3 steps,
+#: each replica's half-batch gradient (and their float32 sum) at 2 (see the tests).
+OVERFLOW = {"scale_y": 3.0, "lr": 1e-4}
+
+
+class ScaleRecorder:
+    """A Keras callback (made lazily) that records the loss scale after each batch hook."""
+
+    @staticmethod
+    def make():
+        import keras
+
+        class Recorder(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.scales = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.scales.append(float(keras.ops.convert_to_numpy(
+                    self.model.optimizer.dynamic_scale)))
+
+        return Recorder()
+
+
 def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, loud_half=1.0,
                         reverse_batches=False, batch_hooks=False):
     """`loud_half` scales the second half of every batch of 8 (replica 1's share on 2 devices);
     `reverse_batches` reverses the rows inside each batch (same batches, other summation order);
     `batch_hooks` adds kmp's ModelCheckpoint (integer save_freq) and WeightSyncVerifier
-    (check_freq) and records the batch hooks."""
+    (check_freq) and records the batch hooks. `scales`: the loss scale after each batch hook.
+    With `OVERFLOW` one device's float16 gradient of the global batch overflows where each
+    half-batch's does not."""
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -117,11 +143,11 @@ def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, l
     try:
         model = kmp.parallelize(strategy=strategy)(model_factory(
             steps_per_execution, optimizer=lambda: keras.optimizers.SGD(lr)))()
-        callbacks, recorder, tmp = [], BatchRecorder.make(), tempfile.mkdtemp()
+        callbacks, recorder, tmp = [ScaleRecorder.make()], BatchRecorder.make(), tempfile.mkdtemp()
         if batch_hooks:
             from keras_mgpu_plugins.callbacks import ModelCheckpoint, WeightSyncVerifier
 
-            callbacks = [recorder, WeightSyncVerifier(check_freq=4),
+            callbacks += [recorder, WeightSyncVerifier(check_freq=4),
                          ModelCheckpoint(os.path.join(tmp, "m-{epoch}-{batch}.weights.h5"),
                                          save_weights_only=True, save_freq=4)]
         history = model.fit(x, y * scale_y, batch_size=8, epochs=3, shuffle=False, verbose=0,
@@ -132,7 +158,7 @@ def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, l
     saved = sorted(os.listdir(tmp))
     shutil.rmtree(tmp, ignore_errors=True)
     return {"weights": model.get_weights(), "history": history.history, "scale": scale,
-            "train_batches": recorder.train, "saved": saved}
+            "train_batches": recorder.train, "saved": saved, "scales": callbacks[0].scales}
 
 
 def custom_train_step_factory(**compile_kwargs):

@@ -99,6 +99,32 @@ def test_mixed_precision_with_steps_per_execution_and_batch_hooks():
     assert two["saved"] == one["saved"] and one["saved"]
 
 
+def test_mixed_precision_overflow_of_the_global_batch_only_skips_the_step_as_one_device():
+    """One device's float16 kernel gradient of the whole batch overflows at steps 0, 1 and 6;
+    each replica's half (and their float32 sum) only at 0 and 1: before the fix 2 devices
+    skipped 2 steps where one device skipped 3 (scale 8192 against 4096, 9.2e-4 apart)."""
+    one = s.mixed_precision_run("default", **s.OVERFLOW)
+    two = s.mixed_precision_run("mirrored", **s.OVERFLOW)
+    assert one["scales"][:7] == [16384.0, 8192.0] + [8192.0] * 4 + [4096.0]
+    assert two["scales"] == one["scales"]
+    s.assert_close(two["weights"], one["weights"])  # measured 5.1e-7
+
+
+def test_only_gradients_computed_in_float16_are_judged_by_the_float16_range():
+    import tensorflow as tf
+
+    from keras_mgpu_plugins._compat_loss_scale import fits_float16
+
+    @tf.function
+    def judge(float16, reduced):  # the gradient as a replica computed it, then the all-reduced one
+        local = tf.cast(tf.ones(1, tf.float16), tf.float32) if float16 else tf.ones(1)
+        return fits_float16([local], [tf.constant([reduced])])
+
+    assert not judge(True, 7e4)  # a mixed_float16 layer's gradient: inf on one device
+    assert judge(False, 7e4)  # a dtype="float32" layer's gradient: float32 all along
+    assert judge(True, 6.5e4)
+
+
 def test_mixed_precision_overflow_on_one_replica_gives_nan_without_the_patch(unpatched):
     broken = s.mixed_precision_run("mirrored", **LOUD)
     assert np.isnan(broken["history"]["loss"][-1])
