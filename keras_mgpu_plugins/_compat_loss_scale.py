@@ -1,11 +1,17 @@
-"""Keras patch: under tf.distribute, the loss scale skips a step when any replica overflowed."""
+"""Keras patch: under tf.distribute, the loss scale skips a step when the global batch overflows."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
 from keras_mgpu_plugins._compat_trainer import distributing
+
+#: Smallest magnitude float16 rounds to inf (its largest finite value is 65504).
+FLOAT16_OVERFLOW = 65520.0
+#: Set on an inner optimizer while it applies gradients the loss-scale patch all-reduced.
+_REDUCED = "_kmp_gradients_reduced"
 
 # --- mixed precision: the loss scale's finiteness is one replica's, not the global batch's ---
 
@@ -18,23 +24,35 @@ def patch_loss_scale_finiteness() -> Any:
     ("each replica computed the same value, since grads is all-reduced": they
     are not yet). When another replica overflowed, its inf/NaN gradients are
     all-reduced into every update, and the loss scale collapses; on several
-    workers, each takes its own first replica's answer. One device skips the
-    step whenever the global batch's gradient overflows. The fix agrees across
-    every replica and worker first (one scalar all-reduce) and, if any replica
-    overflowed, makes every replica's gradients NaN, so each skips the step
-    and halves the scale as one device does. Finite gradients pass unchanged.
+    workers, each takes its own first replica's answer. And a replica's share
+    of the batch can fit in float16 where the global batch's gradient does not
+    (a float16 `x^T @ dy` over the whole batch is inf on one device, each half
+    is finite and so is their float32 sum): one device skips the step, N
+    replicas did not. The fix all-reduces the gradients first (the all-reduce
+    the inner optimizer would run, which then runs none), so every replica and
+    worker judges the same global gradient: not finite, or, for a variable its
+    layer computes in float16 (its gradient is a cast from float16; a
+    `dtype="float32"` layer's is not), a magnitude float16 rounds to inf. Then
+    every replica's gradients are made NaN, so each skips the step and halves
+    the scale as one device does. Finite gradients pass unchanged.
     """
     import tensorflow as tf
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
     from keras.src.optimizers import loss_scale_optimizer as lso
 
     original = lso.LossScaleOptimizer._tf_apply
+    original_reduce = tf_optimizer.TFOptimizer._all_reduce_sum_gradients
 
     def _tf_apply(self, grads, trainable_variables=None):
         context = tf.distribute.get_replica_context()
         if context is None or not distributing(tf.distribute.get_strategy()):
             return original(self, grads, trainable_variables)
-        local_bad = tf.cast(tf.logical_not(self.check_finite(grads)), tf.float32)
-        finite = tf.equal(context.all_reduce("SUM", local_bad), 0.0)
+        grads = list(grads)
+        variables = list(trainable_variables if trainable_variables is not None
+                         else self.inner_optimizer._trainable_variables)
+        reduced = [g for g, _ in self.inner_optimizer._all_reduce_sum_gradients(
+            list(zip(grads, variables, strict=True)))]
+        finite = tf.logical_and(self.check_finite(reduced), fits_float16(grads, reduced))
 
         def poison(g):
             if g is None:
@@ -43,10 +61,46 @@ def patch_loss_scale_finiteness() -> Any:
                 return tf.IndexedSlices(poison(g.values), g.indices, g.dense_shape)
             return tf.where(finite, g, tf.constant(float("nan"), g.dtype))
 
-        return original(self, [poison(g) for g in grads], trainable_variables)
+        setattr(self.inner_optimizer, _REDUCED, True)
+        try:
+            return original(self, [poison(g) for g in reduced], trainable_variables)
+        finally:
+            setattr(self.inner_optimizer, _REDUCED, False)
+
+    @functools.wraps(original_reduce)  # `present` checks read Keras's source through it
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if getattr(self, _REDUCED, False):  # already all-reduced by `_tf_apply` above
+            return list(grads_and_vars)
+        return original_reduce(self, grads_and_vars)
 
     lso.LossScaleOptimizer._tf_apply = _tf_apply
-    return lambda: setattr(lso.LossScaleOptimizer, "_tf_apply", original)
+    tf_optimizer.TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+
+    def undo():
+        lso.LossScaleOptimizer._tf_apply = original
+        tf_optimizer.TFOptimizer._all_reduce_sum_gradients = original_reduce
+
+    return undo
+
+
+def fits_float16(local: list[Any], reduced: list[Any]) -> Any:
+    """Whether every all-reduced gradient of a float16-computed variable is below float16's inf.
+
+    A gradient counts as float16-computed when the replica's own gradient is a
+    cast from float16 (the autocast variable of a `mixed_float16` layer).
+    """
+    import tensorflow as tf
+
+    checks = [tf.constant(True)]
+    for g, total in zip(local, reduced, strict=True):
+        values = g.values if isinstance(g, tf.IndexedSlices) else g
+        op = getattr(values, "op", None)
+        if (op is None or op.type != "Cast" or tf.executing_eagerly()
+                or op.inputs[0].dtype != tf.float16):
+            continue
+        total = total.values if isinstance(total, tf.IndexedSlices) else total
+        checks.append(tf.reduce_all(tf.abs(total) < FLOAT16_OVERFLOW))
+    return tf.reduce_all(tf.stack(checks))
 
 
 def loss_scale_takes_first_replica() -> bool | None:

@@ -44,7 +44,12 @@ from keras_mgpu_plugins._compat_loss_scale import (
     loss_scale_takes_first_replica,
     patch_loss_scale_finiteness,
 )
-from keras_mgpu_plugins._compat_optim import clips_before_all_reduce, patch_clip_after_all_reduce
+from keras_mgpu_plugins._compat_optim import (
+    clips_before_all_reduce,
+    keeps_duplicate_slices,
+    patch_clip_after_all_reduce,
+    patch_sum_duplicate_slices,
+)
 from keras_mgpu_plugins._compat_trainer import (
     multi_step_conds_the_step,
     patch_reduce_per_replica,
@@ -178,6 +183,18 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_clip_after_all_reduce,
         present=clips_before_all_reduce,
+    ),
+    # Sparse gradients with duplicate rows: no keras-team/keras issue found. The code is
+    # keras-team/keras#18692 (3.0.0: optimizers take tf.IndexedSlices as they are, `ops.square`
+    # squares each slice); keras-team/keras#19992 discusses the same code (speed). Also applied
+    # on one device, to the optimizers of the models kmp.parallelize builds. Keras 3.15.
+    Patch(
+        name="sum_duplicate_sparse_gradient_rows",
+        upstream="https://github.com/keras-team/keras/pull/18692",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=patch_sum_duplicate_slices,
+        present=keeps_duplicate_slices,
     ),
     # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
     # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
@@ -330,22 +347,45 @@ def patch_keras() -> list[str]:
         return []
     check_keras_for_distribution()
     with _lock:
-        plan = [(patch, *_decide(patch)) for patch in PATCHES if patch.name not in _applied]
-        refused = [(patch, why) for patch, action, why in plan if action == "refuse"]
-        if refused:
-            raise UncheckedVersionError(_refusal(refused))
-        notes = []
-        for patch, action, why in plan:
-            if action == "apply":
-                _applied[patch.name] = patch.apply()
-            if why:
-                notes.append(f"{patch.name} ({'applied' if action == 'apply' else 'not applied'}: "
-                             f"{why})")
-        if notes:
-            _warn_once("kmp.compat: outside the versions these patches were checked for: "
-                       + "; ".join(notes) + ". If distributed fit fails or differs from one "
-                       "device, please report it with these versions.")
-        return list(_applied)
+        return _apply_all([patch for patch in PATCHES if patch.name not in _applied])
+
+
+def patch_one(name: str) -> bool:
+    """Applies the patch `name` alone, as `patch_keras` would; whether it is in force after.
+
+    For the patches kmp also applies on one device (`sum_duplicate_sparse_gradient_rows`):
+    no Keras version floor beyond the patch's own.
+
+    Raises:
+        UncheckedVersionError: As `patch_keras`, for this patch.
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return False
+    with _lock:
+        _apply_all([p for p in PATCHES if p.name == name and p.name not in _applied])
+        return name in _applied
+
+
+def _apply_all(patches: list[Patch]) -> list[str]:
+    """Decides for each of `patches`, raises for any refused, else applies; under `_lock`."""
+    plan = [(patch, *_decide(patch)) for patch in patches]
+    refused = [(patch, why) for patch, action, why in plan if action == "refuse"]
+    if refused:
+        raise UncheckedVersionError(_refusal(refused))
+    notes = []
+    for patch, action, why in plan:
+        if action == "apply":
+            _applied[patch.name] = patch.apply()
+        if why:
+            notes.append(f"{patch.name} ({'applied' if action == 'apply' else 'not applied'}: "
+                         f"{why})")
+    if notes:
+        _warn_once("kmp.compat: outside the versions these patches were checked for: "
+                   + "; ".join(notes) + ". If distributed fit fails or differs from one "
+                   "device, please report it with these versions.")
+    return list(_applied)
 
 
 def _decide(patch: Patch) -> tuple[str, str]:
@@ -385,7 +425,7 @@ def _warn_once(message: str) -> None:
 
     if message not in _warned_patches:
         _warned_patches.add(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def unpatch_keras() -> None:

@@ -141,6 +141,7 @@ def parallelize(
             with active.scope():
                 model = fn(*args, **kwargs)
             _check_model(fn, model, active, require_compiled)
+            _sum_duplicate_slices(model)
             if sync_batchnorm:
                 _synchronize_batchnorm(model)
             return model
@@ -215,6 +216,16 @@ def _patch_if_distributing(active: Any) -> None:
 
     if compat.distributing(active):
         compat.patch_keras()
+
+
+def _sum_duplicate_slices(model: Any) -> None:
+    """Sparse gradients are summed per row on one device too, as on N (`kmp.compat` patch
+    `sum_duplicate_sparse_gradient_rows`): one device and N devices then train alike."""
+    from keras_mgpu_plugins import _compat_optim, _compat_patches
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and _compat_patches.patch_one("sum_duplicate_sparse_gradient_rows"):
+        _compat_optim.mark_sums_duplicate_slices(optimizer)
 
 
 def _synchronize_batchnorm(model: Any) -> None:

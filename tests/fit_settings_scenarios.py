@@ -99,12 +99,38 @@ def sync_batchnorm_run(strategy, sync=True):
     return {"weights": model.get_weights(), "history": history.history}
 
 
+#: y 3 times larger: one device's global-batch float16 kernel gradient overflows at 3 steps,
+#: each replica's half-batch gradient (and their float32 sum) at 2 (see the tests).
+OVERFLOW = {"scale_y": 3.0, "lr": 1e-4}
+
+
+class ScaleRecorder:
+    """A Keras callback (made lazily) that records the loss scale after each batch hook."""
+
+    @staticmethod
+    def make():
+        import keras
+
+        class Recorder(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.scales = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.scales.append(float(keras.ops.convert_to_numpy(
+                    self.model.optimizer.dynamic_scale)))
+
+        return Recorder()
+
+
 def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, loud_half=1.0,
                         reverse_batches=False, batch_hooks=False):
     """`loud_half` scales the second half of every batch of 8 (replica 1's share on 2 devices);
     `reverse_batches` reverses the rows inside each batch (same batches, other summation order);
     `batch_hooks` adds kmp's ModelCheckpoint (integer save_freq) and WeightSyncVerifier
-    (check_freq) and records the batch hooks."""
+    (check_freq) and records the batch hooks. `scales`: the loss scale after each batch hook.
+    With `OVERFLOW` one device's float16 gradient of the global batch overflows where each
+    half-batch's does not."""
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -117,11 +143,11 @@ def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, l
     try:
         model = kmp.parallelize(strategy=strategy)(model_factory(
             steps_per_execution, optimizer=lambda: keras.optimizers.SGD(lr)))()
-        callbacks, recorder, tmp = [], BatchRecorder.make(), tempfile.mkdtemp()
+        callbacks, recorder, tmp = [ScaleRecorder.make()], BatchRecorder.make(), tempfile.mkdtemp()
         if batch_hooks:
             from keras_mgpu_plugins.callbacks import ModelCheckpoint, WeightSyncVerifier
 
-            callbacks = [recorder, WeightSyncVerifier(check_freq=4),
+            callbacks += [recorder, WeightSyncVerifier(check_freq=4),
                          ModelCheckpoint(os.path.join(tmp, "m-{epoch}-{batch}.weights.h5"),
                                          save_weights_only=True, save_freq=4)]
         history = model.fit(x, y * scale_y, batch_size=8, epochs=3, shuffle=False, verbose=0,
@@ -132,7 +158,7 @@ def mixed_precision_run(strategy, steps_per_execution=1, scale_y=1.0, lr=0.05, l
     saved = sorted(os.listdir(tmp))
     shutil.rmtree(tmp, ignore_errors=True)
     return {"weights": model.get_weights(), "history": history.history, "scale": scale,
-            "train_batches": recorder.train, "saved": saved}
+            "train_batches": recorder.train, "saved": saved, "scales": callbacks[0].scales}
 
 
 def custom_train_step_factory(**compile_kwargs):
@@ -498,3 +524,62 @@ def iterator_release(strategy):
     model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
     all_destroyed.wait(60)
     return threads, len(made)
+
+
+MAXLEN, VOCAB = 6, 10
+
+
+def sparse_gradients_run(strategy, optimizer="adam", kind="position", dense=False):
+    """Embedding lookups trained with `optimizer` ("sgd", "adam", "adamw", "rmsprop").
+
+    `kind="position"`: one lookup of `arange(maxlen)` added to every row of the batch (the
+    keras.io text transformer's position embedding; its gradient has one slice per position
+    on one device, one per position and replica on N). `kind="tokens"`: a lookup per token,
+    10 tokens in 48 per batch, so rows repeat within a batch on one device already.
+    `strategy=None`: plain Keras, no kmp. `dense=True`: the optimizer is given dense
+    gradients (what the update should be)."""
+    import keras
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    init = keras.initializers.RandomNormal(seed=1)
+
+    class PositionEmbedding(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.positions = keras.layers.Embedding(MAXLEN, 4, embeddings_initializer=init)
+            self.project = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(2))
+
+        def call(self, x):
+            return self.project(x) + self.positions(keras.ops.arange(MAXLEN))
+
+    base = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+            "adamw": keras.optimizers.AdamW, "rmsprop": keras.optimizers.RMSprop}[optimizer]
+
+    class Dense(base):
+        def apply(self, grads, trainable_variables=None):
+            return super().apply([tf.convert_to_tensor(g) for g in grads], trainable_variables)
+
+    def build():
+        if kind == "position":
+            inputs = keras.Input((MAXLEN, 3))
+            h = PositionEmbedding()(inputs)
+        else:
+            inputs = keras.Input((MAXLEN,), dtype="int32")
+            h = keras.layers.Embedding(VOCAB, 4, embeddings_initializer=init)(inputs)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        h = keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3))(h)
+        outputs = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4))(h)
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=(Dense if dense else base)(0.05 if optimizer == "sgd" else 0.01),
+                      loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(32, MAXLEN, 3)).astype("float32") if kind == "position"
+         else rng.integers(0, VOCAB, size=(32, MAXLEN)).astype("int32"))
+    y = rng.normal(size=(32, 1)).astype("float32")
+    model = build() if strategy is None else kmp.parallelize(strategy=strategy)(build)()
+    history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"weights": model.get_weights(), "history": history.history}

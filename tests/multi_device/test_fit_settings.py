@@ -99,6 +99,32 @@ def test_mixed_precision_with_steps_per_execution_and_batch_hooks():
     assert two["saved"] == one["saved"] and one["saved"]
 
 
+def test_mixed_precision_overflow_of_the_global_batch_only_skips_the_step_as_one_device():
+    """One device's float16 kernel gradient of the whole batch overflows at steps 0, 1 and 6;
+    each replica's half (and their float32 sum) only at 0 and 1: before the fix 2 devices
+    skipped 2 steps where one device skipped 3 (scale 8192 against 4096, 9.2e-4 apart)."""
+    one = s.mixed_precision_run("default", **s.OVERFLOW)
+    two = s.mixed_precision_run("mirrored", **s.OVERFLOW)
+    assert one["scales"][:7] == [16384.0, 8192.0] + [8192.0] * 4 + [4096.0]
+    assert two["scales"] == one["scales"]
+    s.assert_close(two["weights"], one["weights"])  # measured 5.1e-7
+
+
+def test_only_gradients_computed_in_float16_are_judged_by_the_float16_range():
+    import tensorflow as tf
+
+    from keras_mgpu_plugins._compat_loss_scale import fits_float16
+
+    @tf.function
+    def judge(float16, reduced):  # the gradient as a replica computed it, then the all-reduced one
+        local = tf.cast(tf.ones(1, tf.float16), tf.float32) if float16 else tf.ones(1)
+        return fits_float16([local], [tf.constant([reduced])])
+
+    assert not judge(True, 7e4)  # a mixed_float16 layer's gradient: inf on one device
+    assert judge(False, 7e4)  # a dtype="float32" layer's gradient: float32 all along
+    assert judge(True, 6.5e4)
+
+
 def test_mixed_precision_overflow_on_one_replica_gives_nan_without_the_patch(unpatched):
     broken = s.mixed_precision_run("mirrored", **LOUD)
     assert np.isnan(broken["history"]["loss"][-1])
@@ -340,7 +366,8 @@ def test_parallelize_applies_the_patches_for_a_mirrored_strategy_made_or_given()
     compat.unpatch_keras()
     try:
         kmp.parallelize(strategy="default")(s.model_factory())()
-        assert _compat_patches._applied == {}  # one device: Keras as released
+        # One device: Keras as released, but for sparse gradients (summed per row, as on N).
+        assert set(_compat_patches._applied) == {"sum_duplicate_sparse_gradient_rows"}
     finally:
         compat.patch_keras()
 
@@ -354,3 +381,47 @@ def test_device_metrics_logger_per_batch_records_with_steps_per_execution_as_one
                 for batch, kind in (("4", "batch"), ("8", "batch"), ("10", "epoch"))]
     assert two["rows"] == one["rows"] == every_step["rows"] == expected
     s.assert_close(two["weights"], one["weights"])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_position_embedding_trains_as_plain_keras_on_one_device(optimizer):
+    """One lookup of arange(maxlen) for the whole batch: one slice per position on one device,
+    one per position and replica on 2 (Adam squared each: 1.3e-2 off, test below)."""
+    plain = s.sparse_gradients_run(None, optimizer, "position")
+    two = s.sparse_gradients_run("mirrored", optimizer, "position")
+    s.assert_close(two["weights"], plain["weights"])
+    np.testing.assert_allclose(two["history"]["loss"], plain["history"]["loss"], atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_repeated_tokens_train_as_kmp_on_one_device_and_as_the_dense_gradient(optimizer):
+    dense = s.sparse_gradients_run(None, optimizer, "tokens", dense=True)
+    one = s.sparse_gradients_run("default", optimizer, "tokens")
+    two = s.sparse_gradients_run("mirrored", optimizer, "tokens")
+    s.assert_close(one["weights"], dense["weights"])
+    s.assert_close(two["weights"], dense["weights"])
+
+
+def test_plain_keras_squares_each_slice_of_a_repeated_row():
+    """What Keras 3.15 does on one device (kmp sums the rows first): Adam 3.8e-2 off the dense
+    gradient's update with repeated tokens, SGD (linear) the same. Drop the one-device part of
+    sum_duplicate_sparse_gradient_rows when this stops differing."""
+    for optimizer, differs in (("adam", True), ("sgd", False)):
+        plain = s.sparse_gradients_run(None, optimizer, "tokens")
+        dense = s.sparse_gradients_run(None, optimizer, "tokens", dense=True)
+        assert (largest_difference(plain, dense) > 1e-2) is differs, optimizer
+
+
+@pytest.fixture
+def no_sparse_patch(monkeypatch):
+    without_patch(monkeypatch, "sum_duplicate_sparse_gradient_rows")
+    yield
+    compat.unpatch_keras()
+    monkeypatch.undo()
+    compat.patch_keras()
+
+
+def test_a_position_embedding_with_adam_differs_from_one_device_without_the_patch(no_sparse_patch):
+    """The all-reduce concatenates the replicas' slices of each position: Adam squares each."""
+    plain = s.sparse_gradients_run(None, "adam", "position")
+    assert largest_difference(s.sparse_gradients_run("mirrored", "adam", "position"), plain) > 1e-3

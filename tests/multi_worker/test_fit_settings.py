@@ -20,6 +20,9 @@ def on_each_worker():
         "steps_per_execution": s.steps_per_execution_run("auto"),
         "sync_batchnorm": s.sync_batchnorm_run("auto", sync=True),
         "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, batch_hooks=True, **LOUD),
+        "mixed_overflow": s.mixed_precision_run("auto", **s.OVERFLOW),
+        "sparse": {(optimizer, kind): s.sparse_gradients_run("auto", optimizer, kind)
+                   for optimizer in ("sgd", "adam") for kind in ("position", "tokens")},
         "habits": s.keras_habits_run("auto"),
         "refused": s.refused_settings("auto"),
         "xla": s.xla_and_accumulation_run("auto"),
@@ -215,3 +218,26 @@ def test_a_model_compiled_again_outside_the_scope_logs_the_global_loss(workers):
         for run, want in zip(got["recompiled"]["weights"], one["weights"], strict=True):
             s.assert_close(run, want)
     assert workers[0]["recompiled"]["histories"] == workers[1]["recompiled"]["histories"]
+
+
+def test_mixed_precision_overflow_of_the_global_batch_only_skips_the_step_as_one_device(workers):
+    """Each worker's half-batch float16 gradient fits where the global batch's overflows."""
+    one = s.mixed_precision_run("default", **s.OVERFLOW)
+    assert one["scales"][:7] == [16384.0, 8192.0] + [8192.0] * 4 + [4096.0]
+    for got in workers:
+        assert got["mixed_overflow"]["scales"] == one["scales"]
+        s.assert_close(got["mixed_overflow"]["weights"], one["weights"])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_sparse_gradients_train_as_one_device(workers, optimizer):
+    """A position embedding as plain Keras on one device; repeated tokens as kmp on one device
+    and as the dense gradient (plain Keras squares each repeated row's slices with Adam)."""
+    plain = s.sparse_gradients_run(None, optimizer, "position")
+    dense = s.sparse_gradients_run(None, optimizer, "tokens", dense=True)
+    for got in workers:
+        s.assert_close(got["sparse"][(optimizer, "position")]["weights"], plain["weights"])
+        s.assert_close(got["sparse"][(optimizer, "tokens")]["weights"], dense["weights"])
+    for a, b in zip(workers[0]["sparse"][(optimizer, "tokens")]["weights"],
+                    workers[1]["sparse"][(optimizer, "tokens")]["weights"], strict=True):
+        assert np.array_equal(a, b)
