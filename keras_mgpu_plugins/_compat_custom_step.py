@@ -28,8 +28,13 @@ def patch_build_without_call() -> Any:
     `call()` and fails with "Unable to automatically build the model". Without
     a strategy Keras builds nothing up front: the step creates what it uses
     (metrics, optimizer variables) when it is first traced. For such a model
-    the build is left to the step under a strategy too; TensorFlow creates
-    those variables mirrored from the replica context.
+    the optimizer is built in the strategy's scope, as upstream builds it for
+    a model with `call()` (with every trainable variable: slots for variables
+    the step never updates, e.g. a distiller's teacher, stay unused), and the
+    metrics are left to the step, which creates them mirrored from the replica
+    context. Where a layer is not built yet, the optimizer is left to the step
+    too (an optimizer with slot variables, Adam, then fails in TensorFlow:
+    build the layers in the factory).
     """
     import keras
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -37,9 +42,14 @@ def patch_build_without_call() -> Any:
     original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if type(self).call is keras.Model.call:  # no call(): the step builds, as on one device
-            return None
-        return original(self, iterator=iterator, data_batch=data_batch)
+        if type(self).call is not keras.Model.call or self._distribute_strategy is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        optimizer = self.optimizer
+        if (optimizer is not None and not optimizer.built
+                and all(layer.built for layer in self._flatten_layers(include_self=False))):
+            with self.distribute_strategy.scope():  # as upstream builds it, before the step
+                optimizer.build(self.trainable_variables)
+        return None
 
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)

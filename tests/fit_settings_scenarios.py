@@ -592,3 +592,43 @@ def distiller_run(strategy, optimizer="sgd", with_call=False, steps_per_executio
                         validation_data=(x[:32], y[:32]))
     return {"weights": model.get_weights(), "history": history.history,
             "evaluate": model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)}
+
+
+def unclassified_log_run(strategy):
+    """A custom train_step that logs `exp(loss)` of a scaled loss (not a sum of losses times
+    constants) beside the loss: the History and the warnings the first fit gave."""
+    import warnings
+
+    import keras
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    class Perplexity(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4))
+
+        def call(self, x):
+            return self.out(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"mse": loss, "perplexity": keras.ops.exp(loss)}
+
+    def build():
+        model = Perplexity()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(build)()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    return {"history": history.history, "weights": model.get_weights(),
+            "warnings": [str(w.message) for w in caught if "keras_mgpu_plugins" in str(w.message)]}
