@@ -4,7 +4,7 @@ Each patch names the upstream issue it works around and the Keras (or, for a
 TensorFlow bug, TensorFlow) versions it is known for (it is applied only there), and is tested by a real multi-worker
 run that fails without it (`tests/multi_worker/test_fit.py`). The patches
 themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
-`_compat_optim`, `_compat_data` and `_compat_iterators`.
+`_compat_optim`, `_compat_data`, `_compat_iterators` and `_compat_custom_step`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ from typing import Any
 from packaging.version import Version
 
 from keras_mgpu_plugins._compat_checks import version_checked, version_predates
+from keras_mgpu_plugins._compat_custom_step import (
+    losses_scaled_for_distribution,
+    patch_build_without_call,
+    patch_scaled_loss_logs,
+    symbolic_build_calls_the_model,
+)
 from keras_mgpu_plugins._compat_data import (
     numpy_function_aliases_outputs,
     patch_numpy_function_owned_outputs,
@@ -128,6 +134,18 @@ PATCHES: tuple[Patch, ...] = (
         max_version="3.16.0",
         apply=patch_symbolic_build,
         present=symbolic_build_reduces_batch,
+        changes_results=False,
+    ),
+    # Wraps the patch above. keras-team/keras#21800 (open): the distributed symbolic build calls
+    # the model, which a custom test_step does not need; a Model subclass without call() (the
+    # knowledge-distillation example) fails the same way. Checked on Keras 3.15.
+    Patch(
+        name="symbolic_build_without_call",
+        upstream="https://github.com/keras-team/keras/issues/21800",
+        min_version="3.5.0",
+        max_version="3.16.0",
+        apply=patch_build_without_call,
+        present=symbolic_build_calls_the_model,
         changes_results=False,
     ),
     Patch(
@@ -251,6 +269,18 @@ PATCHES: tuple[Patch, ...] = (
         apply=patch_jit_compile,
         present=jit_compiles_the_distributed_step,
         changes_results=False,
+    ),
+    # No upstream issue found: Keras scales a Loss's value by 1/replicas in the replica context
+    # and only its own train_step unscales what it logs; a custom step's logged losses are
+    # divided by the replicas. Wraps `_make_function` last (the step function each of the
+    # patches above runs). Checked on Keras 3.15.
+    Patch(
+        name="custom_step_logs_unscaled",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/losses/loss.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_scaled_loss_logs,
+        present=losses_scaled_for_distribution,
     ),
     # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
     # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares

@@ -583,3 +583,139 @@ def sparse_gradients_run(strategy, optimizer="adam", kind="position", dense=Fals
     model = build() if strategy is None else kmp.parallelize(strategy=strategy)(build)()
     history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     return {"weights": model.get_weights(), "history": history.history}
+
+
+
+
+def distiller_factory(optimizer="sgd", with_call=False, steps_per_execution=1):
+    """keras.io's knowledge-distillation example (Keras 3), small: a `Distiller(keras.Model)`
+    with its own `compile(optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha,
+    temperature)`, `train_step` and `test_step`, logging its losses; teacher and student are
+    small Sequential CNNs, seeded, no dropout. As on keras.io the Distiller has no `call()`
+    unless `with_call`."""
+    import keras
+    import tensorflow as tf
+    from keras import layers, ops
+
+    class Distiller(keras.Model):
+        def __init__(self, student, teacher):
+            super().__init__()
+            self.teacher = teacher
+            self.student = student
+
+        def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1,
+                    temperature=3, **kwargs):
+            super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
+            self.student_loss_fn = student_loss_fn
+            self.distillation_loss_fn = distillation_loss_fn
+            self.alpha = alpha
+            self.temperature = temperature
+
+        def train_step(self, data):
+            x, y = data
+            teacher_predictions = self.teacher(x, training=False)
+            with tf.GradientTape() as tape:
+                student_predictions = self.student(x, training=True)
+                student_loss = self.student_loss_fn(y, student_predictions)
+                distillation_loss = self.distillation_loss_fn(
+                    ops.softmax(teacher_predictions / self.temperature, axis=1),
+                    ops.softmax(student_predictions / self.temperature, axis=1),
+                ) * self.temperature**2
+                loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
+            trainable = self.student.trainable_variables
+            gradients = tape.gradient(loss, trainable)
+            self.optimizer.apply_gradients(zip(gradients, trainable, strict=True))
+            results = self.compute_metrics(x, y, student_predictions, sample_weight=None)
+            results.update({"student_loss": student_loss, "distillation_loss": distillation_loss})
+            return results
+
+        def test_step(self, data):
+            x, y = data
+            y_prediction = self.student(x, training=False)
+            student_loss = self.student_loss_fn(y, y_prediction)
+            results = self.compute_metrics(x, y, y_prediction, sample_weight=None)
+            results.update({"student_loss": student_loss})
+            return results
+
+    class DistillerWithCall(Distiller):
+        def call(self, x):
+            return self.student(x)
+
+    def cnn(name, filters, seed):
+        init = keras.initializers.GlorotUniform
+        return keras.Sequential([
+            keras.Input((8, 8, 1)),
+            layers.Conv2D(filters, 3, strides=2, padding="same", kernel_initializer=init(seed)),
+            layers.LeakyReLU(negative_slope=0.2),
+            layers.Conv2D(filters, 3, strides=2, padding="same", kernel_initializer=init(seed + 1)),
+            layers.Flatten(),
+            layers.Dense(3, kernel_initializer=init(seed + 2)),
+        ], name=name)
+
+    def build():
+        distiller = (DistillerWithCall if with_call else Distiller)(
+            student=cnn("student", 4, 20), teacher=cnn("teacher", 8, 10))
+        distiller.compile(
+            optimizer=keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.1),
+            metrics=[keras.metrics.SparseCategoricalAccuracy()],
+            student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            distillation_loss_fn=keras.losses.KLDivergence(),
+            alpha=0.1, temperature=10, steps_per_execution=steps_per_execution)
+        return distiller
+
+    return build
+
+
+def distiller_run(strategy, optimizer="sgd", with_call=False, steps_per_execution=1):
+    """fit (with validation) and evaluate of the knowledge-distillation example."""
+    import keras_mgpu_plugins as kmp
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(64, 8, 8, 1)).astype("float32")
+    y = rng.integers(0, 3, size=(64,)).astype("int32")
+    model = kmp.parallelize(strategy=strategy)(
+        distiller_factory(optimizer, with_call, steps_per_execution))()
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                        validation_data=(x[:32], y[:32]))
+    return {"weights": model.get_weights(), "history": history.history,
+            "evaluate": model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)}
+
+
+def unclassified_log_run(strategy):
+    """A custom train_step that logs `exp(loss)` of a scaled loss (not a sum of losses times
+    constants) beside the loss: the History and the warnings the first fit gave."""
+    import warnings
+
+    import keras
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    class Perplexity(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4))
+
+        def call(self, x):
+            return self.out(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return {"mse": loss, "perplexity": keras.ops.exp(loss)}
+
+    def build():
+        model = Perplexity()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    x, y = make_data()
+    model = kmp.parallelize(strategy=strategy)(build)()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    return {"history": history.history, "weights": model.get_weights(),
+            "warnings": [str(w.message) for w in caught if "keras_mgpu_plugins" in str(w.message)]}

@@ -33,6 +33,8 @@ def on_each_worker():
         "loop_collectives": s.step_loop_collectives("auto"),
         "full_batches": s.full_batch_executions_run("auto"),
         "recompiled": s.recompile_outside_scope_run("auto"),
+        "distiller": s.distiller_run("auto"),  # no call(): keras#21800; its losses logged
+        "distiller_adam": s.distiller_run("auto", "adam", False, 2),
         "iterator_release": s.iterator_release("auto"),  # after the others: none blocked it
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
@@ -144,9 +146,10 @@ def test_keras_habits_match_one_device(workers):
     run = workers[0]["habits"]
     s.assert_close(run["weights"], one["weights"])
     for got, want in zip(run["histories"], one["histories"], strict=True):
-        for key in want:  # the custom train_step logs loss / replicas (see multi_device test)
-            scale = 2.0 if key == "loss" else 1.0
-            np.testing.assert_allclose(np.multiply(got[key], scale), want[key], atol=1e-5)
+        for key in want:  # the loss tracker fed by a custom train_step: one device's loss
+            np.testing.assert_allclose(got[key], want[key], atol=1e-5, err_msg=key)
+    for key, value in one["evaluate"].items():
+        np.testing.assert_allclose(run["evaluate"][key], value, atol=1e-5, err_msg=key)
     np.testing.assert_allclose(run["predict"], one["predict"], atol=1e-5)
 
 
@@ -241,3 +244,23 @@ def test_sparse_gradients_train_as_one_device(workers, optimizer):
     for a, b in zip(workers[0]["sparse"][(optimizer, "tokens")]["weights"],
                     workers[1]["sparse"][(optimizer, "tokens")]["weights"], strict=True):
         assert np.array_equal(a, b)
+
+
+
+
+@pytest.mark.parametrize("key, args", [("distiller", ()), ("distiller_adam", ("adam", False, 2))])
+def test_knowledge_distillation_trains_and_logs_as_one_device(workers, key, args):
+    """keras.io's Distiller (no call(), losses logged by its own train_step and test_step):
+    weights, History and evaluate as one device, the same logs on both workers."""
+    one = s.distiller_run("default", *args)
+    for got in workers:
+        run = got[key]
+        s.assert_close(run["weights"], one["weights"])
+        assert run["history"].keys() == one["history"].keys()
+        for name, values in one["history"].items():
+            np.testing.assert_allclose(run["history"][name], values, atol=1e-5, err_msg=name)
+        assert run["evaluate"].keys() == one["evaluate"].keys()
+        for name, value in one["evaluate"].items():
+            np.testing.assert_allclose(run["evaluate"][name], value, atol=1e-5, err_msg=name)
+    assert workers[0][key]["history"] == workers[1][key]["history"]
+    assert workers[0][key]["evaluate"] == workers[1][key]["evaluate"]
