@@ -164,7 +164,7 @@ def test_autograph_converts_main_functions_in_the_workers(launched):
 
 def test_kmp_launch_runs_the_same_script_as_a_program(script, launched):
     output, results = _run([sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2",
-                            "--timeout", "240", str(script), "program"],
+                            "--all-output", "--timeout", "240", str(script), "program"],
                            cwd=script.parent.parent / "elsewhere")
     assert AUTOGRAPH_WARNING not in output
     one = launched[1][0]["one"]

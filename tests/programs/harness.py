@@ -11,6 +11,7 @@ program's float noise on one device:
 
     python -m tests.programs.harness --two-devices OUT.pkl
     python -m tests.programs.harness --noise   # one device, rows reversed in each batch
+    python -m tests.programs.harness --table   # 2 devices against plain Keras and kmp on one
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ def _reversed_batches(inputs: dict) -> dict:
     return {**inputs, "fit": fit}
 
 
-def train(name: str, optimizer: str, parallel: bool, reverse_batches: bool = False) -> dict:
+def train(name: str, optimizer: str, parallel: bool | str, reverse_batches: bool = False) -> dict:
     """One run of program `name`: `{"weights", "history", "evaluate"}`.
 
     Args:
         name: A module of `tests.programs` (see `PROGRAMS`).
         optimizer: `"program"` (the example's own) or `"sgd"`.
         parallel: Adapted as README.md says: `kmp.parallelize` on `build`, kmp's callbacks.
+            A strategy name (`"default"`: one device) is passed to `kmp.parallelize`.
         reverse_batches: Reverse the rows inside each training batch (the float noise of
             a different summation order on one device).
     """
@@ -66,7 +68,8 @@ def train(name: str, optimizer: str, parallel: bool, reverse_batches: bool = Fal
     if parallel:
         import keras_mgpu_plugins as kmp
 
-        build = kmp.parallelize(build)
+        build = (kmp.parallelize(strategy=parallel)(build) if isinstance(parallel, str)
+                 else kmp.parallelize(build))
     model = build(optimizer)
     inputs = module.data()
     if reverse_batches:
@@ -112,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--two-devices", metavar="OUT", help="pickle every case run on 2 devices")
     parser.add_argument("--noise", action="store_true", help="print each program's float noise")
+    parser.add_argument("--table", action="store_true",
+                        help="print each case's weight difference on 2 devices from one device, "
+                             "plain Keras and adapted")
     parser.add_argument("--programs", nargs="*", default=list(PROGRAMS))
     args = parser.parse_args(argv)
     if args.two_devices:
@@ -121,6 +127,26 @@ def main(argv: list[str] | None = None) -> None:
         results = {(n, o): try_train(n, o, parallel=True) for n in args.programs for o in OPTIMIZERS}
         with open(args.two_devices, "wb") as f:
             pickle.dump(results, f)
+    if args.table:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            out = os.path.join(folder, "two.pkl")
+            subprocess.run([sys.executable, "-m", "tests.programs.harness", "--two-devices", out,
+                            "--programs", *args.programs], check=True)
+            with open(out, "rb") as f:
+                two = pickle.load(f)
+        for name in args.programs:
+            for optimizer in OPTIMIZERS:
+                plain = train(name, optimizer, parallel=False)
+                adapted = train(name, optimizer, parallel="default")
+                versus_plain = largest_difference(two[name, optimizer], plain)["weights"]
+                versus_adapted = largest_difference(two[name, optimizer], adapted)["weights"]
+                print(f"{name} {optimizer} 2 devices vs plain Keras on one: {versus_plain:.1e}, "
+                      f"vs adapted on one: {versus_adapted:.1e}", flush=True)
     if args.noise:
         for name in args.programs:
             for optimizer in OPTIMIZERS:
