@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Mapping
 
+from keras_mgpu_plugins.callbacks import _atomic
 from keras_mgpu_plugins.callbacks._stall_stacks import (  # noqa: F401 (this module's API)
     format_stacks,
     has_frame,
@@ -193,10 +194,11 @@ class Board:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+
+    _atomic.atomic_write(path, write)
 
 
 def meet(directory: str, worker: int, num_workers: int, fit: int, settings: Mapping,

@@ -177,10 +177,13 @@ def read_error(path: str) -> tuple[str, BaseException | None, float, str] | None
 
 
 def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    from keras_mgpu_plugins.callbacks import _atomic  # the package's one atomic writer
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    _atomic.atomic_write(path, write)
 
 
 def _exit_code(exit_: SystemExit) -> int:
