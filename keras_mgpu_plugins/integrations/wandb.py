@@ -135,18 +135,10 @@ class WandbLogger(keras.callbacks.Callback):
         strategy = self.model.distribute_strategy
         if self.mode == "group":
             self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), strategy)
-        error = None
         self._logs_here = self.mode == "group" or collective.is_chief(strategy)
-        if self._logs_here:
-            try:
-                self._open_run(strategy)
-            except Exception as err:  # noqa: BLE001 - re-raised below, after agreeing
-                error = err
-        started_everywhere = collective.agree(error is None, strategy, how="all")
-        if error is not None:
-            raise error
-        if not started_everywhere:
-            raise RuntimeError("WandbLogger: wandb.init failed on another worker; see its log.")
+        # a failed wandb.init raises on every worker, naming the cause (none is left waiting)
+        collective.together(lambda: self._logs_here and self._open_run(strategy),
+                            "WandbLogger: wandb.init", strategy)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._steps is not None:

@@ -113,7 +113,8 @@ def test_chief_mode_makes_one_run_and_worker_1_never_imports_wandb(chief_job):
 def test_a_failed_init_on_the_chief_stops_every_worker_instead_of_hanging(chief_job):
     chief, other = (r["failure"] for r in chief_job[1])
     assert chief.startswith("UsageError: Invalid project name 'bad/name'")
-    assert other == "RuntimeError: WandbLogger: wandb.init failed on another worker; see its log."
+    assert other.startswith("PeerFailedError: WandbLogger: wandb.init failed (worker 0: "
+                            "UsageError: Invalid project name 'bad/name'")  # the chief's cause
 
 
 def test_chief_mode_records_the_job_config(chief_job):
