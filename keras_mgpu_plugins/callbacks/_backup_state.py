@@ -33,7 +33,7 @@ class BackupNotSharedError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Snapshot:
+class BackupState:
     """A restorable training state: a weights file and where training stood.
 
     Attributes:
@@ -48,7 +48,7 @@ class Snapshot:
     digest: str
 
 
-def resolve(metadata: Any, digest: str | None) -> Snapshot | str | None:
+def resolve(metadata: Any, digest: str | None) -> BackupState | str | None:
     """The state a (metadata, weights) pair of files holds.
 
     The metadata names the SHA-256 of the weights it goes with, and that of the
@@ -60,7 +60,7 @@ def resolve(metadata: Any, digest: str | None) -> Snapshot | str | None:
         digest: SHA-256 of the weights file, or `None` if there is none.
 
     Returns:
-        A `Snapshot`, `None` when there is no backup, `INCOMPLETE` (a first
+        A `BackupState`, `None` when there is no backup, `INCOMPLETE` (a first
         backup that did not complete: no backup either), or `CORRUPT`.
     """
     if metadata is None and digest is None:
@@ -71,19 +71,19 @@ def resolve(metadata: Any, digest: str | None) -> Snapshot | str | None:
     if metadata is CORRUPT or digest is None or not isinstance(metadata, (dict, type(None))):
         return CORRUPT
     if metadata is None:  # weights alone: Keras loads them, and keeps the epoch
-        return Snapshot(None, 0, digest)
+        return BackupState(None, 0, digest)
     for record in (metadata, metadata.get("previous")):
         if not isinstance(record, dict):
             continue
         if record.get("weights_sha256", digest) == digest:  # no digest: written by Keras
             try:
-                return Snapshot(int(record["epoch"]), int(record.get("batch", 0)), digest)
+                return BackupState(int(record["epoch"]), int(record.get("batch", 0)), digest)
             except (KeyError, TypeError, ValueError):
                 return CORRUPT
     return CORRUPT
 
 
-def pick(latest: Snapshot | str | None, previous: Snapshot | str | None) -> str | None:
+def pick(latest: BackupState | str | None, previous: BackupState | str | None) -> str | None:
     """Which backup to restore: `"latest"`, `"previous"` (the `.bkp` files) or `None`.
 
     As Keras: nothing when there is no latest backup; the previous one when
@@ -92,9 +92,9 @@ def pick(latest: Snapshot | str | None, previous: Snapshot | str | None) -> str 
     Raises:
         OSError: If the latest backup is corrupt and there is no valid previous one.
     """
-    if latest is None or latest is INCOMPLETE or isinstance(latest, Snapshot):
-        return "latest" if isinstance(latest, Snapshot) else None
-    if isinstance(previous, Snapshot):
+    if latest is None or latest is INCOMPLETE or isinstance(latest, BackupState):
+        return "latest" if isinstance(latest, BackupState) else None
+    if isinstance(previous, BackupState):
         return "previous"
     raise OSError(
         "The backup is corrupt (its weights file does not match its metadata) and "
@@ -102,11 +102,11 @@ def pick(latest: Snapshot | str | None, previous: Snapshot | str | None) -> str 
     )
 
 
-def encode(*states: Snapshot | str | None) -> np.ndarray:
+def encode(*states: BackupState | str | None) -> np.ndarray:
     """Each state as `[kind, epoch, batch, digest]` int64s, for `collective.all_gather`."""
     row = []
     for s in states:
-        if isinstance(s, Snapshot):
+        if isinstance(s, BackupState):
             top = int(s.digest[:16], 16)
             row += [1, -1 if s.epoch is None else s.epoch, s.batch, top - (top >> 63 << 64)]
         else:
@@ -141,13 +141,13 @@ def _describe(row: np.ndarray) -> str:
     return f"a backup at epoch {epoch} (weights {int(row[3]) & (2**64 - 1):016x}...)"
 
 
-def record(snapshot: Snapshot | None) -> dict | None:
+def record(snapshot: BackupState | None) -> dict | None:
     if snapshot is None or snapshot.epoch is None:
         return None
     return {"epoch": snapshot.epoch, "batch": snapshot.batch, "weights_sha256": snapshot.digest}
 
 
-def look(weights_path: str, metadata_path: str) -> Snapshot | str | None:
+def look(weights_path: str, metadata_path: str) -> BackupState | str | None:
     """What this worker sees of one backup (a `resolve` of its files)."""
     metadata: Any = None
     if os.path.exists(metadata_path):

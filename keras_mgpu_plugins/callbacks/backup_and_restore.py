@@ -23,7 +23,7 @@ from keras_mgpu_plugins.callbacks._backup_state import (  # noqa: F401 - public 
     CORRUPT,
     INCOMPLETE,
     BackupNotSharedError,
-    Snapshot,
+    BackupState,
     check_shared,
     encode,
     look,
@@ -114,7 +114,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._prev_weights_path = f"{self._weights_path}.bkp"
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
-        self._on_disk: Snapshot | None = None
+        self._on_disk: BackupState | None = None
         # Keras dispatches callbacks off the training thread only if no batch hook acts.
         compat.set_async_safe(self, save_freq == "epoch" or save_freq is False)
 
@@ -179,7 +179,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         cause = self._load(self._weights_path, strategy) if source == "latest" else None
         if cause is not None:
-            if not isinstance(previous, Snapshot):
+            if not isinstance(previous, BackupState):
                 raise OSError(f"Unable to load the backup {self._weights_path}: {cause}")
             source = "previous"
         if source == "previous":
@@ -191,11 +191,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 strategy,
             )
         snapshot = {"latest": latest, "previous": previous}.get(source or "")
-        self._on_disk = snapshot if isinstance(snapshot, Snapshot) else None
+        self._on_disk = snapshot if isinstance(snapshot, BackupState) else None
         if self._on_disk is not None and self._on_disk.epoch is not None:
             compat.set_initial_epoch(self.model, self._on_disk.epoch)
 
-    def _look_both(self) -> tuple[Snapshot | str | None, Snapshot | str | None]:
+    def _look_both(self) -> tuple[BackupState | str | None, BackupState | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""
         if collective.is_chief():  # left by a writer that was killed
             _atomic.remove_stale_temps(self.backup_dir)
@@ -248,12 +248,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         strategy = self.model.distribute_strategy
         if self.async_save:  # at most one write in flight; its error first, everywhere
             self._saves.check(strategy, wait=True)
-        state = Snapshot(self._current_epoch, self._last_batch_seen, "")
+        state = BackupState(self._current_epoch, self._last_batch_seen, "")
         self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),
                          {"path": self._weights_path}, f"writing {self._weights_path}",
                          strategy, self._current_epoch)
 
-    def _write(self, snapshot: _checkpoint_io.Snapshot, state: Snapshot) -> None:
+    def _write(self, snapshot: _checkpoint_io.Snapshot, state: BackupState) -> None:
         """The chief's backup, in the order `_backup_state` explains (training or writer thread)."""
         if self.double_checkpoint and os.path.exists(self._weights_path):
             if os.path.exists(self._training_metadata_path):

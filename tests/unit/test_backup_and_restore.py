@@ -11,7 +11,7 @@ from keras_mgpu_plugins.callbacks.backup_and_restore import (
     INCOMPLETE,
     BackupAndRestore,
     BackupNotSharedError,
-    Snapshot,
+    BackupState,
     check_shared,
     encode,
     pick,
@@ -30,14 +30,14 @@ def test_no_files_no_backup():
 
 
 def test_weights_matching_their_metadata():
-    assert resolve(meta(3, A, batch=2), A) == Snapshot(3, 2, A)
+    assert resolve(meta(3, A, batch=2), A) == BackupState(3, 2, A)
 
 
 def test_crash_between_metadata_and_weights_restores_the_previous_state():
     # The chief replaced the metadata (epoch 4, weights B) but died before the weights.
     record = meta(4, B, previous={"epoch": 3, "batch": 0, "weights_sha256": A})
-    assert resolve(record, A) == Snapshot(3, 0, A)
-    assert resolve(record, B) == Snapshot(4, 0, B)
+    assert resolve(record, A) == BackupState(3, 0, A)
+    assert resolve(record, B) == BackupState(4, 0, B)
 
 
 def test_weights_matching_neither_record_are_corrupt():
@@ -46,18 +46,18 @@ def test_weights_matching_neither_record_are_corrupt():
 
 
 def test_metadata_written_by_keras_has_no_digest_and_is_trusted():
-    assert resolve({"epoch": 2, "batch": 0}, C) == Snapshot(2, 0, C)
+    assert resolve({"epoch": 2, "batch": 0}, C) == BackupState(2, 0, C)
 
 
 def test_weights_without_metadata_load_and_keep_the_epoch_as_keras():
-    assert resolve(None, A) == Snapshot(None, 0, A)
+    assert resolve(None, A) == BackupState(None, 0, A)
 
 
 def test_killed_during_the_first_backup_is_no_backup():
     # The chief replaced the metadata of the first backup, and died before the weights.
     assert resolve(meta(1, A), None) is INCOMPLETE
     assert pick(INCOMPLETE, None) is None  # start from scratch, not "corrupt"
-    assert pick(INCOMPLETE, Snapshot(0, 0, B)) is None
+    assert pick(INCOMPLETE, BackupState(0, 0, B)) is None
 
 
 @pytest.mark.parametrize("metadata", [meta(2, B, previous=meta(1, A)), {"epoch": 2}, CORRUPT])
@@ -71,7 +71,7 @@ def test_malformed_metadata_is_corrupt(metadata):
 
 
 def test_pick_follows_keras():
-    latest, previous = Snapshot(3, 0, A), Snapshot(2, 0, B)
+    latest, previous = BackupState(3, 0, A), BackupState(2, 0, B)
     assert pick(latest, previous) == "latest"
     assert pick(None, previous) is None  # Keras ignores *.bkp without a latest backup
     assert pick(CORRUPT, previous) == "previous"
@@ -82,21 +82,21 @@ def test_pick_follows_keras():
 
 
 def test_encode_is_exact_and_distinguishes_digests():
-    row = encode(Snapshot(7, 3, "f" * 64), None)
+    row = encode(BackupState(7, 3, "f" * 64), None)
     assert row.dtype == np.int64 and row.tolist()[:3] == [1, 7, 3]
     assert row[3] == -1  # 0xffff... as a signed int64
     assert row.tolist()[4:] == [0, -1, 0, 0]
-    assert encode(CORRUPT, Snapshot(None, 0, A)).tolist()[:5] == [2, -1, 0, 0, 1]
-    assert (encode(Snapshot(1, 0, A)) != encode(Snapshot(1, 0, B))).any()
+    assert encode(CORRUPT, BackupState(None, 0, A)).tolist()[:5] == [2, -1, 0, 0, 1]
+    assert (encode(BackupState(1, 0, A)) != encode(BackupState(1, 0, B))).any()
 
 
 def test_same_view_on_every_worker_passes():
-    view = encode(Snapshot(3, 0, A), None)
+    view = encode(BackupState(3, 0, A), None)
     check_shared(np.stack([view, view]), "/shared/backup")
 
 
 def test_a_worker_that_cannot_see_the_chiefs_backup_fails_with_the_remedy():
-    views = np.stack([encode(Snapshot(3, 0, A), None), encode(None, None)])
+    views = np.stack([encode(BackupState(3, 0, A), None), encode(None, None)])
     with pytest.raises(BackupNotSharedError) as err:
         check_shared(views, "/local/backup")
     text = str(err.value)
@@ -107,7 +107,7 @@ def test_a_worker_that_cannot_see_the_chiefs_backup_fails_with_the_remedy():
 
 
 def test_workers_seeing_different_epochs_fail():
-    views = np.stack([encode(Snapshot(3, 0, A), None), encode(Snapshot(2, 0, B), None)])
+    views = np.stack([encode(BackupState(3, 0, A), None), encode(BackupState(2, 0, B), None)])
     with pytest.raises(BackupNotSharedError, match="worker 1: a backup at epoch 2"):
         check_shared(views, "b")
 
