@@ -14,7 +14,9 @@ Rows (each ratio measured within this one run, from medians of repeats):
 - checkpoint: training time blocked per save, synchronous vs `async_save=True`
   (`checkpoint_async.py`);
 - throughput of 1 vs 2 workers on localhost through `kmp.launch`
-  (`workers_throughput.py`).
+  (`workers_throughput.py`);
+- 2-worker `fit` (`@kmp.parallelize`) vs a hand-written `tf.distribute` loop on
+  the same 2 workers, samples/s ratio (`workers_vs_loop.py`).
 
 A benchmark whose script is missing, or that fails, gives a row saying
 "not available" and why; the others still run. Without 2 GPUs the CPU is split
@@ -47,12 +49,14 @@ SETTINGS = {
              "callbacks": {"repeats": 7, "epochs": 3, "steps": 200},
              "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
-             "workers": {"repeats": 3, "steps": 160, "rounds": 3}},
+             "workers": {"repeats": 3, "steps": 160, "rounds": 3},
+             "loop": {"repeats": 3, "steps": 160, "rounds": 5}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
-              "workers": {"repeats": 2, "steps": 160, "rounds": 1}},
+              "workers": {"repeats": 2, "steps": 160, "rounds": 1},
+              "loop": {"repeats": 2, "steps": 160, "rounds": 1}},
 }
 
 
@@ -262,12 +266,34 @@ def bench_workers(repeats: int, steps: int, rounds: int) -> list[dict]:
     return rows
 
 
+def bench_loop(repeats: int, steps: int, rounds: int) -> list[dict]:
+    import workers_vs_loop
+
+    rows = []
+    for n in (16, 1):  # steps_per_execution
+        r = workers_vs_loop.measure(repeats=repeats, steps=steps, rounds=rounds,
+                                    steps_per_execution=n, report=None)
+        rows += loop_rows(r, n, steps, rounds)
+    return rows
+
+
+def loop_rows(r: dict, steps_per_execution: int, steps: int, rounds: int) -> list[dict]:
+    """Rows from what `workers_vs_loop.measure` returns."""
+    name = (f"2-worker fit vs hand-written tf.distribute loop (kmp.launch, global batch 256, "
+            f"{steps}-step epochs, steps_per_execution={steps_per_execution})")
+    return [row(name, "kmp fit", r["kmp"], "samples/s", f"{r['replicas']} replicas"),
+            row(name, "tf.distribute loop", r["loop"], "samples/s"),
+            row(name, "ratio kmp / loop", r["ratio"], "x",
+                f"median of {rounds} rounds: " + ", ".join(f"{x:.3f}" for x in r["ratios"]))]
+
+
 BENCHMARKS = (
     ("@kmp.parallelize vs hand-written scope", "parallelize", bench_parallelize),
     ("callback overhead vs plain fit", "callbacks", bench_callbacks),
     ("weight-sync fingerprint vs tf.reduce_sum", "fingerprint", bench_fingerprint),
     ("checkpoint: training blocked per save", "checkpoint", bench_checkpoint),
     ("1 vs 2 workers on localhost", "workers", bench_workers),
+    ("2-worker fit vs hand-written tf.distribute loop", "loop", bench_loop),
 )
 
 

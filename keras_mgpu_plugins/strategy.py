@@ -257,7 +257,11 @@ def _check_own_port_free(topo: Topology) -> None:
 
     Binds as gRPC's server does, with `SO_REUSEADDR`: connections of a previous
     run on the same port, left in TIME_WAIT (a relaunch on fixed ports), do not
-    count; a socket listening on it does.
+    count; a socket listening on it does. It binds the wildcard address, as
+    gRPC's server does (`[::]` / `0.0.0.0`, whatever host `TF_CONFIG` names):
+    a probe of 127.0.0.1 misses a listener on another address of the host,
+    which gRPC's bind then collides with. The probe never listens (a connection
+    to it is refused) and is closed at once.
     """
     import socket
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers"]
+KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers", "loop"]
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +114,35 @@ def test_the_json_holds_the_rows_printed_and_the_machine(run, tmp_path, monkeypa
     out = capsys.readouterr().out
     assert run.table(rows) in out and "--quick" in out
     assert "Throughput over" not in out  # throughput's own lines are for a human running it alone
+
+
+def test_loop_rows_come_from_the_numbers_measure_returns(run):
+    rows = run.loop_rows({"kmp": 20000.0, "loop": 21000.0, "ratio": 0.95, "ratios": [0.95, 0.9],
+                          "replicas": 2}, steps_per_execution=16, steps=160, rounds=2)
+    name = ("2-worker fit vs hand-written tf.distribute loop (kmp.launch, global batch 256, "
+            "160-step epochs, steps_per_execution=16)")
+    assert rows == [run.row(name, "kmp fit", 20000.0, "samples/s", "2 replicas"),
+                    run.row(name, "tf.distribute loop", 21000.0, "samples/s"),
+                    run.row(name, "ratio kmp / loop", 0.95, "x", "median of 2 rounds: 0.950, 0.900")]
+
+
+def test_workers_vs_loop_refuses_steps_that_executions_do_not_divide(run):
+    import workers_vs_loop
+
+    with pytest.raises(ValueError, match="steps=10, steps_per_execution=4"):
+        workers_vs_loop.measure(steps=10, steps_per_execution=4)
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(300)
+def test_workers_vs_loop_runs_both_jobs_and_alternates_them(run):
+    """Tiny settings, 2 real workers per job: the plumbing, not the speed."""
+    import workers_vs_loop
+
+    lines = []
+    r = workers_vs_loop.measure(steps=4, repeats=1, rounds=1, steps_per_execution=2, width=8,
+                                timeout=240, report=lines.append)
+    assert r["replicas"] == 2
+    assert r["kmp"] > 0 and r["loop"] > 0
+    assert r["ratios"] == [r["kmp"] / r["loop"]] and r["ratio"] == r["ratios"][0]
+    assert len(lines) == 1 and lines[0].startswith("  round 1: kmp ")

@@ -47,3 +47,32 @@ def test_port_held_by_a_listening_socket_is_named():
         port = held.getsockname()[1]
         with pytest.raises(StrategyError, match=f"Port {port} of this worker .* already in use"):
             _check_own_port_free(topo_on(port))
+
+
+def non_loopback_ipv4() -> str | None:
+    import ipaddress
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback:
+                return a.address
+    return None
+
+
+def test_port_held_on_another_address_of_the_host_is_named():
+    """Why the probe binds the wildcard, not 127.0.0.1: gRPC binds [::] and would collide."""
+    address = non_loopback_ipv4()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind((address, 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with socket.socket() as loopback_probe:  # a loopback-only probe would call it free
+            loopback_probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            loopback_probe.bind(("127.0.0.1", port))
+        with pytest.raises(StrategyError, match=f"Port {port} of this worker .* already in use"):
+            _check_own_port_free(topo_on(port))
