@@ -46,14 +46,20 @@ replacement of `compat.patch_keras` itself.
 
 from __future__ import annotations
 
+from keras_mgpu_plugins._compat_index import symptom_index
+from keras_mgpu_plugins._compat_instances import applied_on
 from keras_mgpu_plugins._compat_patches import (
     ALLOW_UNCHECKED_ENV,
     MIN_KERAS_FOR_DISTRIBUTION,
     PATCHES,
     Patch,
     UncheckedVersionError,
+    apply,
+    apply_to,
     check_keras_for_distribution,
     patch_keras,
+    remove,
+    remove_from,
     unpatch_keras,
 )
 from keras_mgpu_plugins._compat_private import (
@@ -73,6 +79,7 @@ from keras_mgpu_plugins._compat_private import (
     set_async_safe,
     set_initial_epoch,
 )
+from keras_mgpu_plugins._compat_record import order_problems, replace
 from keras_mgpu_plugins._compat_trainer import (
     distributing,
     refuse_unsupported_settings,
@@ -98,6 +105,8 @@ __all__ = [
     "open_assets_store", "open_h5_store", "h5_store_class", "patch_keras", "require",
     "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
+    "apply", "apply_to", "applied_on", "order_problems", "remove", "remove_from", "replace",
+    "symptom_index",
 ]
 
 from keras_mgpu_plugins._compat_hybrid import collective_ops_configured, this_task  # noqa: E402
