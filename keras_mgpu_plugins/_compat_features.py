@@ -125,6 +125,24 @@ FEATURES: tuple[Patch, ...] = (
         ("keras.Model.fit",), _MP, lambda: _fit_takes("batch_size", "verbose"),
         per_instance=True),
     _feature(
+        "multi_gpu_parallel_methods",
+        "keras_mgpu_plugins._multi_gpu_link:forward_parallel_methods",
+        "kmp.multi_gpu_model: compile/fit of the parallel model leave the template's weights "
+        "stale, or create the optimizer outside the strategy",
+        tuple(f"multi_gpu_model's parallel keras.Model.{m}"
+              for m in ("compile", "fit", "evaluate", "predict")),
+        "kmp.multi_gpu_model(model)", lambda: _fit_takes("callbacks"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
+        per_instance=True),
+    _feature(
+        "multi_gpu_template_watch", "keras_mgpu_plugins._multi_gpu_link:watch_template",
+        "kmp.multi_gpu_model: weights set or loaded on the template model are not seen by the "
+        "parallel model", ("multi_gpu_model's template keras.Model.set_weights",
+                           "multi_gpu_model's template keras.Model.load_weights"),
+        "kmp.multi_gpu_model(model)", lambda: _has("keras.Model.load_weights"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/model.py",
+        per_instance=True),
+    _feature(
         "progbar_hidden_keys", "keras_mgpu_plugins._compat_private:wrap_history_epoch_end",
         "DeviceMetricsLogger(progbar='summary'): the progress bar still shows every per-device "
         "key", ("keras.callbacks.History.on_epoch_end",),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import types
 
 import keras
 import pytest
@@ -120,6 +121,9 @@ def instances():
         "placed_optimizer_slots": (model().optimizer,),
         "placement_report_on_first_fit": (model(),),
         "progbar_hidden_keys": (keras.callbacks.History(), lambda: ["hidden"]),
+        "multi_gpu_parallel_methods": (model(), types.SimpleNamespace(
+            compile=print, fit=print, evaluate=print, predict=print)),
+        "multi_gpu_template_watch": (model(), types.SimpleNamespace(_watch=lambda m: m)),
     }
 
 
