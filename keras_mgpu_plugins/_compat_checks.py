@@ -19,6 +19,15 @@ SAVING_LIB = "keras.src.saving.saving_lib"
 LEGACY_H5 = "keras.src.legacy.saving.legacy_h5_format"
 IO_UTILS = "keras.src.utils.io_utils"
 FUNCTION_MODULE = "keras.src.ops.function"
+TF_TRAINER = "keras.src.backend.tensorflow.trainer"
+TF_CONTEXT = "tensorflow.python.eager.context"
+TF_INPUT_LIB = "tensorflow.python.distribute.input_lib"
+#: Keras internals the workarounds use inside the methods they patch (beside what they replace).
+PATCH_INTERNALS = ("keras.src.tree, keras.src.backend.Variable, "
+                   "keras.src.backend.common.stateless_scope.StatelessScope, "
+                   "keras.src.trainers.epoch_iterator.EpochIterator, "
+                   "keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter")
+LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow"}
 
 #: Private methods of Keras classes that our subclasses override or call, with their parameters.
 KERAS_PRIVATE_HOOKS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -62,12 +71,17 @@ def source_has(obj: Any, *needles: str) -> bool | None:
 
 
 def resolve(path: str) -> Any:
-    import keras
-
-    obj = keras
-    for part in path.split(".")[1:]:
-        obj = getattr(obj, part)
-    return obj
+    """The object at dotted `path`: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(f"nothing importable in {path!r}")
 
 
 def params(fn: Any) -> tuple[str, ...]:
@@ -199,3 +213,54 @@ def check_model_parallel() -> list[str]:
     if "_compute_loss" not in names_used(keras.Model.train_step):
         problems.append("keras.Model.train_step no longer calls self._compute_loss")
     return problems
+
+
+def check_collective_all_reduce() -> list[str]:
+    problems = check_names(TF_TRAINER, ("_collective_all_reduce_multi_worker",))
+    if not problems and params(resolve(f"{TF_TRAINER}._collective_all_reduce_multi_worker")) != (
+            "strategy",):
+        problems.append(f"{TF_TRAINER}._collective_all_reduce_multi_worker(strategy) changed")
+    return problems
+
+
+def check_patch_internals() -> list[str]:
+    problems = check_names("keras.src.tree", ("map_structure", "flatten"))
+    problems += check_names("keras.src.backend", ("Variable",))
+    problems += check_names("keras.src.backend.common.stateless_scope", ("StatelessScope",))
+    problems += check_names("keras.src.trainers.epoch_iterator", ("EpochIterator",))
+    problems += check_names("keras.src.trainers.data_adapters.array_data_adapter",
+                            ("ArrayDataAdapter",))
+    return problems
+
+
+def check_eager_context() -> list[str]:
+    problems = check_names(TF_CONTEXT, ("context", "Context"))
+    if problems:
+        return problems
+    context = importlib.import_module(TF_CONTEXT).Context
+    for name in ("device_name", "host_address_space"):
+        if not hasattr(context, name):
+            problems.append(f"{TF_CONTEXT}.Context.{name} is missing")
+    if "_collective_ops_server_def" not in names_used(context.__init__):
+        problems.append(f"{TF_CONTEXT}.Context no longer sets _collective_ops_server_def")
+    return problems
+
+
+def check_maybe_merge_call() -> list[str]:
+    import tensorflow as tf
+
+    try:
+        tf.__internal__.distribute.interim.maybe_merge_call  # noqa: B018
+    except AttributeError:
+        return ["tf.__internal__.distribute.interim.maybe_merge_call is missing"]
+    return []
+
+
+def check_input_lib() -> list[str]:
+    problems = check_names(TF_INPUT_LIB, ("DistributedIterator",))
+    if problems:
+        return problems
+    iterator = importlib.import_module(TF_INPUT_LIB).DistributedIterator
+    return [f"{TF_INPUT_LIB}.DistributedIterator.{name} is missing"
+            for name in ("get_next_as_optional", "_get_next_no_partial_batch_handling")
+            if not hasattr(iterator, name)]

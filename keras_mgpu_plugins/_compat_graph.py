@@ -50,6 +50,7 @@ def current_device() -> str:
     """The device scope in effect now (eager), as TensorFlow spells it; '' for none."""
     from tensorflow.python.eager import context
 
+    require("eager_context")
     return context.context().device_name or ""
 
 
@@ -64,6 +65,13 @@ def hook_graph_run(graph: Any, make_operation_fn: Callable[[Any], Any]) -> None:
     `make_operation_fn` gets Keras's own `operation_fn` for this run and returns the
     replacement, which is called once per node in `call_nodes` order.
     """
+    from keras_mgpu_plugins import _compat_patches
+
+    _compat_patches.apply_to("placed_graph_run", graph, make_operation_fn)
+
+
+def set_graph_run(graph: Any, make_operation_fn: Callable[[Any], Any]) -> None:
+    """The registered per-instance patch `placed_graph_run` (see `hook_graph_run`)."""
     original = graph._run_through_graph
 
     def run_through_graph(inputs: Any, operation_fn: Any = lambda op: op, call_fn: Any = None):

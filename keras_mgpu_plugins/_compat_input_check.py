@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins._keras_private import require
 
 _FULL = "_kmp_full_batches_left"  # on a distributed iterator: full batches not fetched yet
 _LOCAL = "_kmp_full_batches_here"  # this worker's count, before the workers agreed
@@ -41,6 +42,8 @@ def patch_full_batch_executions() -> Any:
     from keras.src.backend.tensorflow import trainer as tf_trainer
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 
+    require("collective_all_reduce_multi_worker")
+    require("distributed_input_lib")
     original = tf_trainer.TFEpochIterator._get_iterator
 
     def _get_iterator(self):

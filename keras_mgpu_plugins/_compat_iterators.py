@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins._keras_private import require
 
 #: The thread that destroys released iterators (its name, for tests and stack dumps).
 REAPER_NAME = "kmp-iterator-release"
@@ -61,6 +62,7 @@ def patch_release_iterators_off_thread() -> Any:
     from keras.src.backend.tensorflow import trainer as tf_trainer
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
 
+    require("collective_all_reduce_multi_worker")
     original = tf_trainer.TFEpochIterator._get_iterator
 
     def _get_iterator(self):

@@ -17,6 +17,7 @@ from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
 from keras_mgpu_plugins._compat_trainer import distributing
+from keras_mgpu_plugins._keras_private import require
 
 
 def clips(optimizer: Any) -> bool:
@@ -57,6 +58,7 @@ def patch_clip_after_all_reduce() -> Any:
             self._apply_weight_decay(trainable_variables)
             variables = [v.value if isinstance(v, backend.Variable) else v
                          for v in trainable_variables]
+            require("tf_maybe_merge_call")
             tf.__internal__.distribute.interim.maybe_merge_call(
                 self._distributed_tf_update_step, strategy,
                 list(zip(grads, variables, strict=True)), self.learning_rate)

@@ -1,301 +1,55 @@
-"""The Keras patches: the `Patch` record, the `PATCHES` table, `patch_keras` / `unpatch_keras`.
+"""The registry of every change kmp makes to Keras/TensorFlow: `PATCHES`, applying and undoing.
 
-Each patch names the upstream issue it works around and the Keras (or, for a
-TensorFlow bug, TensorFlow) versions it is known for (it is applied only there), and is tested by a real multi-worker
-run that fails without it (`tests/multi_worker/test_fit.py`). The patches
-themselves live in `_compat_trainer`, `_compat_loss_scale`, `_compat_fit`,
-`_compat_optim`, `_compat_data`, `_compat_iterators` and `_compat_custom_step`.
+`PATCHES` is one table: the workarounds of upstream bugs (`_compat_table`,
+applied together by `patch_keras()`) then the changes kmp's own features make
+(`_compat_features`, applied where each feature needs it: `apply(name, ...)`
+for a Keras class or module, `apply_to(name, obj, ...)` for one object). Every
+one goes through the same version decision (`_decide`: a results-changing
+patch fails closed outside its checked range) and the same order rule (a patch
+wrapping what another wraps declares it in `after`, and is applied outside it
+whatever order the calls come in); `unpatch_keras()` undoes every one. The
+record is `_compat_record.Patch`; per-instance bookkeeping is `_compat_instances`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from packaging.version import Version
 
-from keras_mgpu_plugins._compat_checks import version_checked, version_predates
-from keras_mgpu_plugins._compat_custom_step import (
-    losses_scaled_for_distribution,
-    patch_build_without_call,
-    patch_scaled_loss_logs,
-    symbolic_build_calls_the_model,
+from keras_mgpu_plugins import _compat_instances
+from keras_mgpu_plugins._compat_checks import version_predates
+from keras_mgpu_plugins._compat_features import FEATURES
+from keras_mgpu_plugins._compat_record import (
+    ALLOW_UNCHECKED_ENV,
+    LIBRARY_NAMES,
+    Patch,
+    UncheckedVersionError,
+    must_wrap,
+    shared,
 )
-from keras_mgpu_plugins._compat_data import (
-    numpy_function_aliases_outputs,
-    patch_numpy_function_owned_outputs,
-    patch_py_dataset_pool_sigterm,
-    pool_initializer_keeps_sigterm,
-)
-from keras_mgpu_plugins._compat_fit import (
-    accumulation_merges_inside_cond,
-    compile_makes_loss_tracker_in_current_scope,
-    jit_compiles_the_distributed_step,
-    patch_compile_in_model_scope,
-    patch_gradient_accumulation,
-    patch_jit_compile,
-)
-from keras_mgpu_plugins._compat_input_check import (
-    checks_input_every_step,
-    patch_full_batch_executions,
-)
-from keras_mgpu_plugins._compat_iterators import (
-    keeps_iterator_on_training_thread,
-    patch_release_iterators_off_thread,
-)
-from keras_mgpu_plugins._compat_loss_scale import (
-    loss_scale_takes_first_replica,
-    patch_loss_scale_finiteness,
-)
-from keras_mgpu_plugins._compat_optim import (
-    clips_before_all_reduce,
-    keeps_duplicate_slices,
-    patch_clip_after_all_reduce,
-    patch_sum_duplicate_slices,
-)
-from keras_mgpu_plugins._compat_trainer import (
-    multi_step_conds_the_step,
-    patch_reduce_per_replica,
-    patch_steps_per_execution,
-    patch_symbolic_build,
-    reduce_per_replica_uses_axis_0,
-    symbolic_build_reduces_batch,
-)
+from keras_mgpu_plugins._compat_table import WORKAROUNDS
 
-_lock = threading.Lock()
-_LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow"}
-#: The patches in force: name -> the function undoing it.
+__all__ = [
+    "ALLOW_UNCHECKED_ENV", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES", "Patch",
+    "UncheckedVersionError", "apply", "apply_to", "check_keras_for_distribution",
+    "patch_keras", "patch_one", "remove", "remove_from", "unpatch_keras",
+]
+
+_lock = threading.RLock()
+_LIBRARY_NAMES = LIBRARY_NAMES
+#: The class/module patches in force, in the order applied: name -> the function undoing it.
 _applied: dict[str, Any] = {}
+#: The arguments each was applied with (to apply it again when one must go inside it).
+_args: dict[str, tuple] = {}
 _warned_patches: set[str] = set()
 
-
-@dataclasses.dataclass(frozen=True)
-class Patch:
-    """A workaround: what it fixes, where, and for which Keras versions.
-
-    Attributes:
-        name: Its name, as `patch_keras()` returns it.
-        upstream: The upstream issue.
-        min_version: First version of `library` with the code it fixes (read from
-            the released sources); older ones do not have that code.
-        max_version: First version nobody has checked (exclusive).
-        apply: Applies it; returns a function that undoes it.
-        present: Whether the installed library still has the code it fixes
-            (`None` when its source cannot be read).
-        library: Whose versions `min_version`/`max_version` are: "keras" or
-            "tensorflow" (a TensorFlow bug that Keras's `fit` runs into).
-        changes_results: Whether a run without it trains or logs other numbers
-            than one device (True) rather than failing, hanging or running
-            slower (False). Such a patch fails closed: on a version it was not
-            checked for, or where its code cannot be confirmed, `patch_keras`
-            raises `UncheckedVersionError` unless the user opts in
-            (`ALLOW_UNCHECKED_ENV`).
-    """
-
-    name: str
-    upstream: str
-    min_version: str
-    max_version: str  # exclusive: the first version not known to need it
-    apply: Callable[[], Any]
-    present: Callable[[], bool | None] = lambda: None
-    library: str = "keras"
-    changes_results: bool = True
-
-    def installed_version(self) -> str:
-        if self.library == "tensorflow":
-            import tensorflow as tf
-
-            return tf.__version__
-        import keras
-
-        return keras.__version__
-
-    def applies_to(self, version: str) -> bool:
-        """Whether `version` is one this patch was checked for (never a pre-release)."""
-        return version_checked(version, self.min_version, self.max_version)
-
-    def checked_range(self) -> str:
-        return f"{_LIBRARY_NAMES[self.library]} >={self.min_version},<{self.max_version}"
-
-
-# Versions read from the released sources: `_maybe_symbolic_build` first appears
-# in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
-# "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
-# Keras 3.10 (TensorFlow 2.16 to 2.19) and 3.15 (TensorFlow 2.21); older Keras is
-# refused for distribution anyway (`check_keras_for_distribution`).
-PATCHES: tuple[Patch, ...] = (
-    Patch(
-        name="symbolic_build_per_replica_batch",
-        upstream="https://github.com/keras-team/keras/issues/20585",
-        min_version="3.5.0",
-        max_version="3.16.0",
-        apply=patch_symbolic_build,
-        present=symbolic_build_reduces_batch,
-        changes_results=False,
-    ),
-    # Wraps the patch above. keras-team/keras#21800 (open): the distributed symbolic build calls
-    # the model, which a custom test_step does not need; a Model subclass without call() (the
-    # knowledge-distillation example) fails the same way. Checked on Keras 3.15.
-    Patch(
-        name="symbolic_build_without_call",
-        upstream="https://github.com/keras-team/keras/issues/21800",
-        min_version="3.5.0",
-        max_version="3.16.0",
-        apply=patch_build_without_call,
-        present=symbolic_build_calls_the_model,
-        changes_results=False,
-    ),
-    Patch(
-        name="multi_worker_scalar_log_reduce",
-        upstream="https://github.com/keras-team/keras/issues/20585",
-        min_version="3.3.0",
-        max_version="3.16.0",
-        apply=patch_reduce_per_replica,
-        present=reduce_per_replica_uses_axis_0,
-        changes_results=False,
-    ),
-    # The tf.cond around each step of a tf.while_loop: from 3.7.0 (3.3-3.6 loop in Python
-    # over single steps); still there in 3.15.
-    Patch(
-        name="steps_per_execution_under_distribution",
-        upstream="https://github.com/keras-team/keras/issues/19246",
-        min_version="3.7.0",
-        max_version="3.16.0",
-        apply=patch_steps_per_execution,
-        present=multi_step_conds_the_step,
-        changes_results=False,
-    ),
-    # _tf_apply takes the first replica's `finite`: in 3.0.0 already, still in 3.15. No
-    # upstream issue found: the upstream field names the code.
-    Patch(
-        name="loss_scale_global_finiteness",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/optimizers/loss_scale_optimizer.py",
-        min_version="3.0.0",
-        max_version="3.16.0",
-        apply=patch_loss_scale_finiteness,
-        present=loss_scale_takes_first_replica,
-    ),
-    # Both checked on Keras 3.15 only; applied from the first Keras kmp distributes with
-    # (MIN_KERAS_FOR_DISTRIBUTION). `jit_compile_per_replica` wraps whatever `_make_function`
-    # is in force, so it comes after `steps_per_execution_under_distribution`.
-    Patch(
-        name="gradient_accumulation_under_distribution",
-        upstream="https://github.com/keras-team/keras/issues/20582",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_gradient_accumulation,
-        present=accumulation_merges_inside_cond,
-        changes_results=False,
-    ),
-    # Wraps the accumulation patch's `_backend_apply_gradients` (it handles accumulation itself).
-    # Clipping: no keras-team/keras issue found; tensorflow/tensorflow#33929 is the closest
-    # (tf.keras refused clipping under a strategy for this reason). It also runs the EMA
-    # overwrite's cond cross-replica (no upstream issue found). Checked on Keras 3.15.
-    Patch(
-        name="clip_after_all_reduce",
-        upstream="https://github.com/tensorflow/tensorflow/issues/33929",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_clip_after_all_reduce,
-        present=clips_before_all_reduce,
-    ),
-    # Sparse gradients with duplicate rows: no keras-team/keras issue found. The code is
-    # keras-team/keras#18692 (3.0.0: optimizers take tf.IndexedSlices as they are, `ops.square`
-    # squares each slice); keras-team/keras#19992 discusses the same code (speed). Also applied
-    # on one device, to the optimizers of the models kmp.parallelize builds. Keras 3.15.
-    Patch(
-        name="sum_duplicate_sparse_gradient_rows",
-        upstream="https://github.com/keras-team/keras/pull/18692",
-        min_version="3.0.0",
-        max_version="3.16.0",
-        apply=patch_sum_duplicate_slices,
-        present=keeps_duplicate_slices,
-    ),
-    # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
-    # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
-    Patch(
-        name="py_dataset_pool_default_sigterm",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/data_adapters/py_dataset_adapter.py",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_py_dataset_pool_sigterm,
-        present=pool_initializer_keeps_sigterm,
-        changes_results=False,
-    ),
-    # No upstream issue found: destroying a used distributed iterator blocks the training
-    # thread for 0.16-5 s (up to 15 s) per fit under MultiWorkerMirroredStrategy (5-10 ms on
-    # another thread); the upstream field names the code that drops it there. Keras 3.15.
-    Patch(
-        name="release_iterators_off_thread",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_release_iterators_off_thread,
-        present=keeps_iterator_on_training_thread,
-        changes_results=False,
-    ),
-    # No upstream issue found: TensorFlow's distributed iterators check across workers at
-    # every fetch whether each still has input (one all-reduce per step), unless the dataset
-    # is infinite; the upstream field names that code. Run-tested on TensorFlow 2.21, Keras
-    # 3.15; `present` also checks the Keras side (`TFEpochIterator._get_iterator`).
-    Patch(
-        name="full_batch_executions_skip_input_check",
-        upstream="https://github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/python/distribute/input_lib.py",
-        min_version="2.16.0",
-        max_version="2.22.0",
-        apply=patch_full_batch_executions,
-        present=checks_input_every_step,
-        library="tensorflow",
-        changes_results=False,
-    ),
-    # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
-    # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras 3.15.
-    Patch(
-        name="compile_in_model_strategy_scope",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_compile_in_model_scope,
-        present=compile_makes_loss_tracker_in_current_scope,
-    ),
-    Patch(
-        name="jit_compile_per_replica",
-        upstream="https://github.com/keras-team/keras/issues/19005",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_jit_compile,
-        present=jit_compiles_the_distributed_step,
-        changes_results=False,
-    ),
-    # No upstream issue found: Keras scales a Loss's value by 1/replicas in the replica context
-    # and only its own train_step unscales what it logs; a custom step's logged losses are
-    # divided by the replicas. Wraps `_make_function` last (the step function each of the
-    # patches above runs). Checked on Keras 3.15.
-    Patch(
-        name="custom_step_logs_unscaled",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/losses/loss.py",
-        min_version="3.10.0",
-        max_version="3.16.0",
-        apply=patch_scaled_loss_logs,
-        present=losses_scaled_for_distribution,
-    ),
-    # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
-    # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares
-    # its memory). Run-tested on TensorFlow 2.21 only; applied from the oldest TensorFlow this
-    # package supports while `FuncRegistry` still hands the caller's arrays over.
-    Patch(
-        name="numpy_function_owned_outputs",
-        upstream="https://github.com/tensorflow/tensorflow/issues/59729",
-        min_version="2.16.0",
-        max_version="2.22.0",
-        apply=patch_numpy_function_owned_outputs,
-        present=numpy_function_aliases_outputs,
-        library="tensorflow",
-    ),
-)
+#: Every change kmp makes to Keras/TensorFlow behaviour, inner patches before the ones
+#: wrapping them (`Patch.after`; `_compat_record.order_problems` checks it).
+PATCHES: tuple[Patch, ...] = WORKAROUNDS + FEATURES
+_FEATURE_NAMES = frozenset(patch.name for patch in FEATURES)
 
 
 #: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
@@ -331,15 +85,6 @@ def check_keras_for_distribution() -> None:
     )
 
 
-class UncheckedVersionError(RuntimeError):
-    """A patch whose absence changes training results cannot be verified on these versions."""
-
-
-#: Set to 1 to run with patches that change training results on Keras/TensorFlow versions
-#: they were not checked for (applied where the code they fix is still there).
-ALLOW_UNCHECKED_ENV = "KMP_ALLOW_UNCHECKED_VERSIONS"
-
-
 def patch_keras() -> list[str]:
     """Applies the Keras (and TensorFlow) workarounds known for the installed versions. Idempotent.
 
@@ -359,8 +104,11 @@ def patch_keras() -> list[str]:
     What was applied or skipped outside the checked ranges is said in one
     warning per process.
 
+    Only the workarounds (`kind="workaround"`) are applied here; the changes
+    kmp's features make are applied where those features need them.
+
     Returns:
-        The names of the patches in force after the call.
+        The names of the workarounds in force after the call.
 
     Raises:
         RuntimeError: Keras older than `MIN_KERAS_FOR_DISTRIBUTION`.
@@ -377,7 +125,9 @@ def patch_keras() -> list[str]:
         return []
     check_keras_for_distribution()
     with _lock:
-        return _apply_all([patch for patch in PATCHES if patch.name not in _applied])
+        _apply_all([patch for patch in PATCHES
+                    if patch.kind == "workaround" and patch.name not in _applied])
+        return [name for name in _applied if name not in _FEATURE_NAMES]
 
 
 def patch_one(name: str) -> bool:
@@ -393,12 +143,99 @@ def patch_one(name: str) -> bool:
 
     if keras.backend.backend() != "tensorflow":
         return False
+    return apply(name)
+
+
+def apply(name: str, *args: Any) -> bool:
+    """Applies the class/module patch `name` (with `args`) through the version decision.
+
+    Idempotent: a patch in force is left as it is. A patch declared to wrap one
+    already in force (`after`) is applied outside it; one that such a patch in
+    force must wrap goes inside it (those are undone and applied again).
+
+    Returns:
+        Whether it is in force after the call (`False`: skipped on this version).
+
+    Raises:
+        UncheckedVersionError: As `patch_keras`, for this patch.
+        KeyError: For a name that is no patch.
+    """
+    patch = _record(name)
     with _lock:
-        _apply_all([p for p in PATCHES if p.name == name and p.name not in _applied])
+        _apply_all([patch] if name not in _applied else [], args)
         return name in _applied
 
 
-def _apply_all(patches: list[Patch]) -> list[str]:
+def apply_to(name: str, obj: Any, *args: Any) -> bool:
+    """Applies the per-instance patch `name` to `obj` (with `args`), as `apply` decides.
+
+    Returns:
+        Whether it was applied (`False`: skipped on this version).
+
+    Raises:
+        UncheckedVersionError: As `patch_keras`, for this patch.
+        RuntimeError: If a patch in force on `obj` sets the same attribute and this one
+            does not declare that it wraps it.
+    """
+    patch = _record(name)
+    with _lock:
+        _apply_all([patch], args, obj=obj)
+        return name in _compat_instances.applied_on(obj)
+
+
+def remove(name: str) -> None:
+    """Undoes the class/module patch `name` (nothing if it is not in force).
+
+    Raises:
+        RuntimeError: If a patch applied after it wraps what it replaced.
+    """
+    by_name = {p.name: p for p in PATCHES}
+    with _lock:
+        if name not in _applied:
+            return
+        later = list(_applied)[list(_applied).index(name) + 1:]
+        outer = [n for n in later if n in by_name and name in by_name
+                 and shared(by_name[n], by_name[name])]
+        if outer:
+            raise RuntimeError(f"kmp.compat: cannot undo {name} alone: {', '.join(outer)} "
+                               "wrap what it replaced; undo them first (unpatch_keras()).")
+        _applied.pop(name)()
+        _args.pop(name, None)
+
+
+def remove_from(name: str, obj: Any) -> None:
+    """Undoes the last application of the per-instance patch `name` on `obj`."""
+    with _lock:
+        _compat_instances.remove_from(name, obj)
+
+
+def _record(name: str) -> Patch:
+    for patch in PATCHES:
+        if patch.name == name:
+            return patch
+    raise KeyError(f"kmp.compat has no patch named {name!r}; known: "
+                   f"{', '.join(p.name for p in PATCHES)}")
+
+
+def _install(patch: Patch, args: tuple) -> None:
+    """Applies `patch` inside every patch in force declared to wrap it; under `_lock`."""
+    by_name = {p.name: p for p in PATCHES}
+    names = list(_applied)
+    sharing = [n for n in names if n in by_name and shared(by_name[n], patch)]
+    outer = [n for n in sharing if must_wrap(by_name[n], patch, by_name)]
+    undeclared = [n for n in sharing if n not in outer and not must_wrap(patch, by_name[n], by_name)]
+    if undeclared:
+        raise RuntimeError(f"kmp.compat: {patch.name} and {', '.join(undeclared)} wrap the same "
+                           "attribute but the registry declares no order (Patch.after).")
+    redo = names[min(names.index(n) for n in outer):] if outer else []
+    for n in reversed(redo):
+        _applied.pop(n)()
+    _applied[patch.name], _args[patch.name] = patch.apply(*args), args
+    for n in redo:
+        _applied[n] = by_name[n].apply(*_args.get(n, ()))
+
+
+def _apply_all(patches: list[Patch], args: tuple = (), obj: Any = None) -> None:
     """Decides for each of `patches`, raises for any refused, else applies; under `_lock`."""
     plan = [(patch, *_decide(patch)) for patch in patches]
     refused = [(patch, why) for patch, action, why in plan if action == "refuse"]
@@ -406,8 +243,10 @@ def _apply_all(patches: list[Patch]) -> list[str]:
         raise UncheckedVersionError(_refusal(refused))
     notes = []
     for patch, action, why in plan:
-        if action == "apply":
-            _applied[patch.name] = patch.apply()
+        if action == "apply" and patch.per_instance:
+            _compat_instances.install_on(patch, obj, args, {p.name: p for p in PATCHES})
+        elif action == "apply":
+            _install(patch, args)
         if why:
             notes.append(f"{patch.name} ({'applied' if action == 'apply' else 'not applied'}: "
                          f"{why})")
@@ -415,7 +254,6 @@ def _apply_all(patches: list[Patch]) -> list[str]:
         _warn_once("kmp.compat: outside the versions these patches were checked for: "
                    + "; ".join(notes) + ". If distributed fit fails or differs from one "
                    "device, please report it with these versions.")
-    return list(_applied)
 
 
 def _decide(patch: Patch) -> tuple[str, str]:
@@ -459,7 +297,13 @@ def _warn_once(message: str) -> None:
 
 
 def unpatch_keras() -> None:
-    """Undoes every applied patch (for tests that prove a patch is needed)."""
+    """Undoes every patch in force, per-instance ones on live objects included.
+
+    For tests that prove a patch is needed: Keras's classes and modules, and every
+    object a per-instance patch was applied to, hold what they held before.
+    """
     with _lock:
+        _compat_instances.undo_all()
         for name in reversed(list(_applied)):
             _applied.pop(name)()
+        _args.clear()

@@ -89,6 +89,15 @@ def hide_from_progbar(model: Any, keys: Callable[[], Iterable[str]]) -> Callable
     history = getattr(model, "history", None)
     if not isinstance(history, keras.callbacks.History) or not require("progbar_after_history"):
         return None
+    from keras_mgpu_plugins import _compat_patches
+
+    if not _compat_patches.apply_to("progbar_hidden_keys", history, keys):
+        return None
+    return lambda: _compat_patches.remove_from("progbar_hidden_keys", history)
+
+
+def wrap_history_epoch_end(history: Any, keys: Callable[[], Iterable[str]]) -> None:
+    """The registered per-instance patch `progbar_hidden_keys` (see `hide_from_progbar`)."""
     original = history.on_epoch_end
 
     def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
@@ -98,7 +107,6 @@ def hide_from_progbar(model: Any, keys: Callable[[], Iterable[str]]) -> Callable
                 logs.pop(key, None)
 
     history.on_epoch_end = on_epoch_end
-    return lambda: history.__dict__.pop("on_epoch_end", None)
 
 
 def all_layers(model: Any) -> list:

@@ -12,6 +12,7 @@ from typing import Any
 
 from keras_mgpu_plugins._compat_checks import source_has
 from keras_mgpu_plugins._compat_input_check import claim_full_batches, fetch_full_batch
+from keras_mgpu_plugins._keras_private import require
 
 # --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
 
@@ -101,6 +102,7 @@ def patch_reduce_per_replica() -> Any:
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
+    require("collective_all_reduce_multi_worker")
     original = tf_trainer.reduce_per_replica
 
     def reduce_per_replica(values, strategy, reduction):
@@ -136,6 +138,7 @@ def distributing(strategy: Any) -> bool:
     """Whether `strategy` spans several replicas or workers (its steps hold collectives)."""
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
+    require("collective_all_reduce_multi_worker")
     return strategy.num_replicas_in_sync > 1 or tf_trainer._collective_all_reduce_multi_worker(
         strategy)
 

@@ -1,4 +1,4 @@
-"""The private Keras API that `compat` touches: what, who needs it, which versions, checks.
+"""The private Keras and TensorFlow API that `compat` touches: what, who needs it, versions, checks.
 
 `keras_mgpu_plugins.compat` and its `_compat_*` modules are the only ones that
 touch Keras internals; each helper names here the `PrivateUse` it relies on and
@@ -12,7 +12,9 @@ Versions. Run-tested: Keras 3.15.1 only. The lower bounds come from reading
 the sources of the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0,
 3.6.0, 3.9.0, 3.10.0, 3.11.0 and 3.12.0: `min_version` is the first of those
 with the names, signatures and calls the use needs. `max_version`
-(exclusive) is 3.16.0, the first version nobody has looked at.
+(exclusive) is 3.16.0, the first version nobody has looked at. TensorFlow
+internals (`library="tensorflow"`) are known for TensorFlow 2.16 to 2.21 (the
+range of the TensorFlow patches in `PATCHES`): `max_version` 2.22.0.
 
 Outside its range a use is never trusted silently (`require`): its check
 runs; if it fails, or the version is below the range, the use's documented
@@ -48,18 +50,19 @@ _checked: dict[tuple[str, str], list[str]] = {}
 
 @dataclasses.dataclass(frozen=True)
 class PrivateUse:
-    """One dependency on private Keras API: what, who, for which Keras versions.
+    """One dependency on private Keras (or TensorFlow) API: what, who, for which versions.
 
     Attributes:
         name: Key for `require`.
-        touches: The Keras names relied on.
+        touches: The Keras (or TensorFlow) names relied on.
         used_by: What in this package needs it.
-        min_version: First Keras version known to have it.
+        min_version: First version of `library` known to have it.
         max_version: First version not checked (exclusive).
         check: Returns what is missing or changed (empty when all is there).
         outside: What happens when it is missing, changed, or below `min_version`.
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
+        library: Whose internals and versions: "keras" or "tensorflow".
     """
 
     name: str
@@ -70,6 +73,7 @@ class PrivateUse:
     check: Callable[[], list[str]]
     outside: str
     fallback: bool = False
+    library: str = "keras"
 
     def applies_to(self, version: str) -> bool:
         return checks.version_checked(version, self.min_version, self.max_version)
@@ -79,6 +83,15 @@ def keras_version() -> str:
     import keras
 
     return keras.__version__
+
+
+def library_version(library: str) -> str:
+    """The installed version of "keras" or "tensorflow"."""
+    if library == "tensorflow":
+        import tensorflow as tf
+
+        return tf.__version__
+    return keras_version()
 
 
 def require(name: str) -> bool:
@@ -93,7 +106,8 @@ def require(name: str) -> bool:
     Raises:
         RuntimeError: Naming what changed, the known range and the remedy.
     """
-    use, version = _BY_NAME[name], keras_version()
+    use = _BY_NAME[name]
+    version, lib = library_version(use.library), checks.LIBRARY_NAMES[use.library]
     if (name, version) not in _checked:
         _checked[name, version] = use.check()
     problems = _checked[name, version]
@@ -101,12 +115,12 @@ def require(name: str) -> bool:
     if not problems and use.applies_to(version):
         return True
     if not problems and not checks.version_predates(version, use.min_version):
-        _warn_once(name, f"{use.used_by} relies on private Keras API ({use.touches}) checked "
-                         f"for Keras {span}; Keras {version} still has it, so it is used.")
+        _warn_once(name, f"{use.used_by} relies on private {lib} API ({use.touches}) checked "
+                         f"for {lib} {span}; {lib} {version} still has it, so it is used.")
         return True
-    reason = "; ".join(problems) or f"it is known not to hold before Keras {use.min_version}"
-    message = (f"{use.used_by} relies on private Keras API checked for Keras {span}; with the "
-               f"installed Keras {version}: {reason}. {use.outside}")
+    reason = "; ".join(problems) or f"it is known not to hold before {lib} {use.min_version}"
+    message = (f"{use.used_by} relies on private {lib} API checked for {lib} {span}; with the "
+               f"installed {lib} {version}: {reason}. {use.outside}")
     if use.fallback:
         _warn_once(name, message)
         return False
@@ -124,7 +138,7 @@ def _warn_once(name: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-_MAX = "3.16.0"
+_MAX, _TF_MAX = "3.16.0", "2.22.0"
 PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("model_checkpoint_hooks", "ModelCheckpoint._save_model (overridden), "
                "_get_file_path, _should_save_model", "kmp.callbacks.ModelCheckpoint", "3.10.0",
@@ -161,5 +175,26 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp.parallelize(strategy='model_parallel')", "3.6.0", _MAX, checks.check_model_parallel,
                "Use strategy='mirrored' or tf.device inside your layers' own call, or a Keras "
                "version in that range."),
+    PrivateUse("collective_all_reduce_multi_worker", f"{checks.TF_TRAINER}."
+               "_collective_all_reduce_multi_worker (is a strategy multi-worker, as fit asks)",
+               "the workarounds in PATCHES (which strategies they act under)", "3.0.0", _MAX,
+               checks.check_collective_all_reduce, "Use a Keras version in that range."),
+    PrivateUse("patch_internals", f"{checks.PATCH_INTERNALS} (used inside the patched methods)",
+               "the workarounds in PATCHES", "3.10.0", _MAX, checks.check_patch_internals,
+               "Use a Keras version in that range."),
+    PrivateUse("eager_context", f"{checks.TF_CONTEXT}: context().device_name, "
+               "host_address_space(), _collective_ops_server_def",
+               "kmp.parallelize(strategy='model_parallel' or 'hybrid'), kmp.collective (this "
+               "process's task)", "2.16.0", _TF_MAX, checks.check_eager_context,
+               "Use a TensorFlow version in that range.", library="tensorflow"),
+    PrivateUse("tf_maybe_merge_call", "tf.__internal__.distribute.interim.maybe_merge_call",
+               "the clip_after_all_reduce patch (the EMA overwrite under a strategy)", "2.16.0",
+               _TF_MAX, checks.check_maybe_merge_call, "Use a TensorFlow version in that range.",
+               library="tensorflow"),
+    PrivateUse("distributed_input_lib", f"{checks.TF_INPUT_LIB}.DistributedIterator "
+               "(get_next_as_optional, _get_next_no_partial_batch_handling)",
+               "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
+               checks.check_input_lib, "Use a TensorFlow version in that range.",
+               library="tensorflow"),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}

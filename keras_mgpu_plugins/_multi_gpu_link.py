@@ -108,10 +108,10 @@ class TemplateLink:
     def install(self) -> None:
         """Replaces `compile`, `fit`, `evaluate`, `predict` on the parallel model instance,
         and watches the template's `set_weights` and `load_weights`."""
-        for name in ("compile", "fit", "evaluate", "predict"):
-            _replace(self.parallel, name, getattr(self, name))
-        for name in ("set_weights", "load_weights"):
-            _replace(self.template, name, self._watch(getattr(type(self.template), name)))
+        from keras_mgpu_plugins import compat  # registered per-instance patches
+
+        compat.apply_to("multi_gpu_parallel_methods", self.parallel, self)
+        compat.apply_to("multi_gpu_template_watch", self.template, self)
 
     def _watch(self, method: Any) -> Any:
         def watched(*args: Any, **kwargs: Any) -> Any:
@@ -164,6 +164,18 @@ class TemplateLink:
         if not self.in_fit:
             self.pull(check=False)  # no read of the weights unless the template was given some
         return self.cls.predict(self.parallel, *args, **kwargs)
+
+
+def forward_parallel_methods(parallel: keras.Model, link: TemplateLink) -> None:
+    """The per-instance patch `multi_gpu_parallel_methods`: the link's methods on `parallel`."""
+    for name in ("compile", "fit", "evaluate", "predict"):
+        _replace(parallel, name, getattr(link, name))
+
+
+def watch_template(template: keras.Model, link: TemplateLink) -> None:
+    """The per-instance patch `multi_gpu_template_watch`: weight changes noted on the link."""
+    for name in ("set_weights", "load_weights"):
+        _replace(template, name, link._watch(getattr(type(template), name)))
 
 
 def _replace(model: keras.Model, name: str, implementation: Any) -> None:

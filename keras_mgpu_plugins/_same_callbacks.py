@@ -93,12 +93,20 @@ def install() -> None:
 
     The check runs as the first callback's `on_train_begin`, before any other
     callback's collective and any training step. `fit` outside a multi-worker
-    strategy is unchanged.
+    strategy is unchanged. Applies the registered patch
+    `same_callbacks_on_every_worker` (`kmp.compat.PATCHES`).
     """
+    from keras_mgpu_plugins import _compat_patches
+
+    _compat_patches.apply("same_callbacks_on_every_worker")
+
+
+def wrap_fit() -> Any:
+    """The patch itself: wraps `keras.Model.fit`; returns the undo."""
     import keras
 
-    if getattr(keras.Model.fit, _MARK, False):
-        return
+    from keras_mgpu_plugins._compat_record import replace
+
     original = keras.Model.fit
     signature = inspect.signature(original)
 
@@ -122,4 +130,4 @@ def install() -> None:
         return original(*bound.args, **bound.kwargs)
 
     setattr(fit, _MARK, True)
-    keras.Model.fit = fit
+    return replace(keras.Model, "fit", fit)

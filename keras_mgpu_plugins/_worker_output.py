@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
 _MARK = "_kmp_chief_progress"
@@ -44,16 +45,24 @@ def quiet_here() -> bool:
 def install() -> None:
     """Makes `keras.Model.fit`, `evaluate` and `predict` use `verbose=0` where `quiet_here()`.
 
-    Idempotent. Read at each call, so a process that is not (yet) part of a
-    multi-worker job is unaffected.
+    Idempotent: applies the registered patch `chief_only_progress_bars`
+    (`kmp.compat.PATCHES`; `unpatch_keras()` undoes it). Read at each call, so a
+    process that is not (yet) part of a multi-worker job is unaffected.
     """
+    from keras_mgpu_plugins import _compat_patches
+
+    _compat_patches.apply("chief_only_progress_bars")
+
+
+def wrap_model_methods() -> Callable[[], None]:
+    """The patch itself: wraps the three methods; returns the undo."""
     import keras
 
-    for name in ("fit", "evaluate", "predict"):
-        original = getattr(keras.Model, name)
-        if getattr(original, _MARK, False):
-            continue
-        setattr(keras.Model, name, _quiet_on_other_workers(original))
+    from keras_mgpu_plugins._compat_record import replace
+
+    undo = [replace(keras.Model, name, _quiet_on_other_workers(getattr(keras.Model, name)))
+            for name in ("fit", "evaluate", "predict")]
+    return lambda: [each() for each in reversed(undo)]
 
 
 def _quiet_on_other_workers(original: Any) -> Any:

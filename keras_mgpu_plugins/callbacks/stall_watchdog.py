@@ -265,15 +265,25 @@ def _on_stack(code: CodeType | None, frame: Any) -> bool:
     return False
 
 
+#: The timeout `add_to_every_fit` set last (read by the wrapper at each `fit`).
+_EVERY_FIT: dict[str, float] = {}
+
+
 def add_to_every_fit(timeout: float) -> None:
     """Makes every `keras.Model.fit` in this process run with `StallWatchdog(timeout)`.
 
     Used by `kmp-launch --stall-timeout`; a `fit` given a watchdog of its own keeps it.
+    Applies the registered patch `stall_watchdog_on_every_fit` (`kmp.compat.PATCHES`);
+    called again, the last timeout holds.
     """
     StallWatchdog(timeout)  # checks the value now
+    _EVERY_FIT["timeout"] = timeout
+    compat.apply("stall_watchdog_on_every_fit")
+
+
+def wrap_every_fit() -> Any:
+    """The patch itself: wraps `keras.Model.fit`; returns the undo."""
     original = keras.Model.fit
-    if getattr(original, "_kmp_stall_timeout", None) is not None:
-        original = original.__wrapped__
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -281,8 +291,7 @@ def add_to_every_fit(timeout: float) -> None:
         bound = signature.bind(self, *args, **kwargs)
         callbacks = list(bound.arguments.get("callbacks") or [])
         if not any(isinstance(c, StallWatchdog) for c in callbacks):
-            bound.arguments["callbacks"] = [*callbacks, StallWatchdog(timeout)]
+            bound.arguments["callbacks"] = [*callbacks, StallWatchdog(_EVERY_FIT["timeout"])]
         return original(*bound.args, **bound.kwargs)
 
-    fit._kmp_stall_timeout = timeout  # type: ignore[attr-defined]
-    keras.Model.fit = fit
+    return compat.replace(keras.Model, "fit", fit)

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.model_parallel import pipeline, placement
 
 #: The plan of each placed model (read by `placement_report`).
@@ -76,14 +77,14 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
             check_plan(plan)
         placement.apply(model, plan, staging)
     _after_compile(model)
-    _keep_after_compile(model)
+    compat.apply_to("placed_compile_keeps_placement", model)
     loss_device = plan.calls[-1].device if plan.calls and not plan.subclassed else None
     pipeline.install_train_step(model, micro_batches or 1, loss_device)
     for attribute in ("train_function", "test_function", "predict_function"):
         setattr(model, attribute, None)  # traced before placement: trace again
     PLANS[model] = plan
-    _print_report_on_first_fit(model)
-    _warn_when_cloned()
+    compat.apply_to("placement_report_on_first_fit", model)
+    compat.apply("placed_model_clone_warning")
     return model
 
 
@@ -91,20 +92,19 @@ class PlacementNotClonedWarning(UserWarning):
     """`keras.models.clone_model` of a placed model returned an unplaced model."""
 
 
-def _warn_when_cloned() -> None:
-    """Makes `keras.models.clone_model` warn when given a model kmp placed. Idempotent.
+def wrap_clone_model() -> Any:
+    """Makes `keras.models.clone_model` warn when given a model kmp placed; returns the undo.
 
-    Keras clones a model from its config: new layers, new variables, none of the
-    calls' device placement, micro-batches or placed train step. The clone is a
-    plain one-device model (what an export or an inference copy may want), so
-    it is returned, with a `PlacementNotClonedWarning` saying so
-    (`warnings.filterwarnings("error", category=...)` makes it an error).
+    The registered patch `placed_model_clone_warning`. Keras clones a model from
+    its config: new layers, new variables, none of the calls' device placement,
+    micro-batches or placed train step. The clone is a plain one-device model
+    (what an export or an inference copy may want), so it is returned, with a
+    `PlacementNotClonedWarning` saying so (`warnings.filterwarnings("error",
+    category=...)` makes it an error).
     """
     import keras
 
     original = keras.models.clone_model
-    if getattr(original, "_kmp_placement_warning", False):
-        return
 
     @functools.wraps(original)
     def clone_model(model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,19 +120,22 @@ def _warn_when_cloned() -> None:
                 PlacementNotClonedWarning, stacklevel=2)
         return original(model, *args, **kwargs)
 
-    clone_model._kmp_placement_warning = True
-    keras.models.clone_model = clone_model
+    return compat.replace(keras.models, "clone_model", clone_model)
 
 
 def _after_compile(model: Any) -> None:
     """What a compile must be followed by: slots beside their variable, no XLA."""
-    _place_optimizer_slots(model)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and "placed_optimizer_slots" not in compat.applied_on(optimizer):
+        compat.apply_to("placed_optimizer_slots", optimizer)
     if getattr(model, "compiled", False):
         model.jit_compile = False  # one XLA cluster would run on one device
 
 
-def _keep_after_compile(model: Any) -> None:
-    """A model compiled again (or first) after the factory keeps slots placed and XLA off."""
+def wrap_compile(model: Any) -> None:
+    """A model compiled again (or first) after the factory keeps slots placed and XLA off.
+
+    The registered per-instance patch `placed_compile_keeps_placement`."""
     original = model.compile
 
     def compile(*args: Any, **kwargs: Any) -> Any:
@@ -143,13 +146,12 @@ def _keep_after_compile(model: Any) -> None:
     model.compile = compile
 
 
-def _place_optimizer_slots(model: Any) -> None:
-    """Makes the optimizer create each slot variable on its parameter's device."""
+def wrap_slot_creation(optimizer: Any) -> None:
+    """Makes `optimizer` create each slot variable on its parameter's device.
+
+    The registered per-instance patch `placed_optimizer_slots`."""
     import tensorflow as tf
 
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or getattr(optimizer, "_kmp_slots_placed", False):
-        return
     original = optimizer.add_variable_from_reference
 
     def add_variable_from_reference(reference_variable: Any, *args: Any, **kwargs: Any) -> Any:
@@ -158,14 +160,14 @@ def _place_optimizer_slots(model: Any) -> None:
             return original(reference_variable, *args, **kwargs)
 
     optimizer.add_variable_from_reference = add_variable_from_reference
-    optimizer._kmp_slots_placed = True
 
 
-def _print_report_on_first_fit(model: Any) -> None:
+def wrap_fit_with_report(model: Any) -> None:
     """Prints the placement report once, before the first `fit` whose `verbose` is not 0
     (activations estimated for that `fit`'s `batch_size`, a worker's share under "hybrid",
     when it gives one). Under "hybrid" only the chief prints it (every worker's plan is
-    the same: `hybrid._same_plan`), unless `KMP_OUTPUT=all`."""
+    the same: `hybrid._same_plan`), unless `KMP_OUTPUT=all`. The registered per-instance
+    patch `placement_report_on_first_fit`."""
     from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
     from keras_mgpu_plugins.model_parallel.report import placement_report
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from keras_mgpu_plugins import _compat_graph as private
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import collective, compat
 from keras_mgpu_plugins.model_parallel import devices as _devices
 from keras_mgpu_plugins.model_parallel import factory
 from keras_mgpu_plugins.model_parallel.placement import Plan
@@ -71,12 +71,14 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
                               scope=lambda: placing_scope(strategy),
                               check_plan=lambda plan: _same_plan(plan, strategy))
         WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
-        _compile_in_scope(model, strategy)
+        compat.apply_to("hybrid_compile_in_strategy_scope", model, strategy)
     return model
 
 
-def _compile_in_scope(model: Any, strategy: Any) -> None:
-    """A compile after the factory creates its optimizer under the strategy too."""
+def wrap_compile(model: Any, strategy: Any) -> None:
+    """A compile after the factory creates its optimizer under the strategy too.
+
+    The registered per-instance patch `hybrid_compile_in_strategy_scope`."""
     import tensorflow as tf
 
     original = model.compile

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_mgpu_plugins import _compat_graph as private
+from keras_mgpu_plugins import compat
 
 logger = logging.getLogger("keras_mgpu_plugins")
 
@@ -62,6 +63,11 @@ def install_train_step(model: Any, micro_batches: int, loss_device: str | None) 
             "TensorFlow places them (kmp's own step computes each beside its forward op).",
             type(model).__name__)
         return
+    compat.apply_to("placed_train_step", model, micro_batches, loss_device)
+
+
+def set_train_step(model: Any, micro_batches: int, loss_device: str | None) -> None:
+    """The registered per-instance patch `placed_train_step`."""
     model.train_step = make_train_step(model, micro_batches, loss_device)
 
 

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from keras_mgpu_plugins import _compat_graph as private
+from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.model_parallel import costs as _costs
 from keras_mgpu_plugins.model_parallel import devices as _devices
 from keras_mgpu_plugins.model_parallel.balance import split_contiguous
@@ -71,22 +72,44 @@ def staging_device() -> str | None:
     return "/device:CPU:0" if tf.config.list_logical_devices("GPU") else None
 
 
+#: The recordings in progress, innermost last: (staging device, what it records into).
+_RECORDING: list[tuple[str | None, dict[int, str]]] = []
+
+
 @contextlib.contextmanager
 def recording(staging: str | None = None) -> Iterator[dict[int, str]]:
     """Within: every layer call's device scope, keyed by `id(node)` of the node it made.
+
+    Applies the registered patch `placement_records_layer_calls` (a wrap of
+    `keras.layers.Layer.__call__`) for the outermost recording, and removes it after.
 
     Args:
         staging: A device for the calls made without a scope: the variables they build
             are created there (and moved to their stage by `apply`); `None`: no scope.
     """
+    seen: dict[int, str] = {}
+    _RECORDING.append((staging, seen))
+    try:
+        compat.apply("placement_records_layer_calls")
+        yield seen
+    finally:
+        _RECORDING.pop()
+        if not _RECORDING:
+            compat.remove("placement_records_layer_calls")
+
+
+def wrap_layer_call() -> Any:
+    """The patch itself: wraps `keras.layers.Layer.__call__`; returns the undo."""
     import keras
     import tensorflow as tf
 
-    seen: dict[int, str] = {}
     original = keras.layers.Layer.__call__
 
     @functools.wraps(original)
     def recording_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _RECORDING:
+            return original(self, *args, **kwargs)
+        staging, seen = _RECORDING[-1]
         device = private.current_device()
         with tf.device(staging) if staging and not device else contextlib.nullcontext():
             outputs = original(self, *args, **kwargs)
@@ -96,11 +119,7 @@ def recording(staging: str | None = None) -> Iterator[dict[int, str]]:
                 seen.setdefault(id(node), device)
         return outputs
 
-    keras.layers.Layer.__call__ = recording_call
-    try:
-        yield seen
-    finally:
-        keras.layers.Layer.__call__ = original
+    return compat.replace(keras.layers.Layer, "__call__", recording_call)
 
 
 def plan(model: Any, scopes: dict[int, str], devices: Any, micro_batches: int,
@@ -227,7 +246,7 @@ def apply(model: Any, placement: Plan, staging: str | None = None) -> None:
                 private.move_variable(variable, _devices.local_devices()[0])
     if placement.subclassed:
         for call in placement.calls:
-            _wrap_in_device(call.layer, call.device)
+            compat.apply_to("placed_layer_call", call.layer, call.device)
         return
     by_node = [(c.layer, c.device) for c in placement.calls]
 
@@ -257,7 +276,9 @@ def apply(model: Any, placement: Plan, staging: str | None = None) -> None:
     private.hook_graph_run(private.graph_of(model), make_operation_fn)
 
 
-def _wrap_in_device(layer: Any, device: str) -> None:
+def wrap_in_device(layer: Any, device: str) -> None:
+    """Runs `layer`'s own `call` and `build` under `device` (the per-instance patch
+    `placed_layer_call`)."""
     import tensorflow as tf
 
     for name in ("call", "build"):

@@ -72,7 +72,8 @@ class Recorder(keras.callbacks.Callback):
 @pytest.mark.parametrize("use", compat.PRIVATE_USES, ids=lambda u: u.name)
 def test_every_private_use_is_there_in_the_installed_keras(use):
     assert use.check() == []
-    assert use.applies_to(keras.__version__), (use.name, use.min_version, use.max_version)
+    version = _keras_private.library_version(use.library)
+    assert use.applies_to(version), (use.name, use.min_version, use.max_version)
     assert compat.require(use.name) is True
 
 
@@ -84,7 +85,7 @@ def test_every_private_use_has_a_behaviour_test_here():
 
 def test_the_table_states_its_range():
     for use in compat.PRIVATE_USES:
-        assert use.max_version == "3.16.0"
+        assert use.max_version == {"keras": "3.16.0", "tensorflow": "2.22.0"}[use.library]
         assert use.applies_to(use.min_version) and not use.applies_to(use.max_version)
     assert compat.check_private_uses() == {u.name: [] for u in compat.PRIVATE_USES}
     assert {n for n in compat.__all__ if not hasattr(compat, n)} == set()
@@ -363,7 +364,7 @@ def unpatched(monkeypatch):
 
 
 def pretend(monkeypatch, version, present, library="keras"):
-    """Another `library` version; only that library's patches are in the table."""
+    """Another `library` version; only that library's workarounds are in the table."""
     if library == "keras":
         monkeypatch.setattr(keras, "__version__", version)
     else:
@@ -371,7 +372,7 @@ def pretend(monkeypatch, version, present, library="keras"):
 
         monkeypatch.setattr(tf, "__version__", version)
     patches = tuple(dataclasses.replace(p, present=lambda: present) for p in compat.PATCHES
-                    if p.library == library)
+                    if p.library == library and p.kind == "workaround")
     monkeypatch.setattr(_compat_patches, "PATCHES", patches)  # where patch_keras reads it
 
 
@@ -379,7 +380,8 @@ TENSORFLOW_PATCHES = ["full_batch_executions_skip_input_check", "numpy_function_
 
 
 def results_changing(library="keras"):
-    return [p.name for p in compat.PATCHES if p.library == library and p.changes_results]
+    return [p.name for p in compat.PATCHES
+            if p.library == library and p.changes_results and p.kind == "workaround"]
 
 
 def test_the_patches_that_change_results_are_classified():
@@ -558,7 +560,7 @@ def test_a_missing_fit_attribute_fails_loudly(monkeypatch):
 
 # --- nothing else reaches into Keras -----------------------------------------------------
 
-#: Known private imports outside compat (none today).
+#: Known private imports outside compat.
 ALLOWED_ELSEWHERE: set[tuple[str, str]] = set()
 
 
@@ -567,16 +569,44 @@ def package_files():
             if p.name not in COMPAT_FILES and not p.name.startswith("_compat_")]
 
 
-def test_no_module_but_compat_imports_keras_or_tensorflow_internals():
+#: What is private in TensorFlow and Keras: their implementation packages, and
+#: `tf.__internal__` (TensorFlow's own private namespace, reached as an attribute).
+PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.core", "tensorflow.compiler",
+                   "tensorflow.tsl")
+
+
+def private_names(path):
+    """Private modules `path` imports, and `tf.__internal__` uses, as dotted names."""
     found = set()
-    for path in package_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            for name in names:
-                if name.startswith(("keras.src", "tensorflow.python")):
-                    found.add((path.name, name))
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [f"{node.module}.{a.name}" for a in node.names]
+            if isinstance(node, ast.ImportFrom) else [])
+        found |= {name for name in names if name.startswith(PRIVATE_MODULES)}
+        if isinstance(node, ast.Attribute) and node.attr == "__internal__":
+            found.add(ast.unparse(node).replace("tf.", "tensorflow.", 1))
+    return found
+
+
+#: A protobuf message module (the TensorBoard summary metadata), not behaviour.
+ALLOWED_ELSEWHERE |= {("sinks.py", "tensorflow.core.framework.summary_pb2")}
+
+
+def test_no_module_but_compat_imports_keras_or_tensorflow_internals():
+    found = {(path.name, name) for path in package_files() for name in private_names(path)}
     assert found == ALLOWED_ELSEWHERE
+
+
+def test_every_internal_compat_touches_is_registered():
+    """Each private Keras/TensorFlow module a compat module imports (and `tf.__internal__`)
+    is named by a registered record: a `PrivateUse` (`touches`) or a `Patch` (`wraps`)."""
+    known = " ".join([u.touches for u in compat.PRIVATE_USES]
+                     + [w for p in compat.PATCHES for w in p.wraps]).replace("tf.", "tensorflow.")
+    compat_files = [p for p in PACKAGE.glob("*.py")
+                    if p.name in COMPAT_FILES or p.name.startswith("_compat_")]
+    unregistered = {(path.name, name) for path in compat_files for name in private_names(path)
+                    if name not in known}
+    assert unregistered == set()
 
 
 def keras_private_names(cls) -> set[str]:
@@ -700,3 +730,41 @@ def test_numpy_function_outputs_are_copied_before_tensorflow_takes_them(unpatche
     compat.patch_keras()
     assert "numpy_function_owned_outputs" in _compat_patches._applied, _compat_patches._applied
     assert not numpy_function_overwrites_its_source(), "patched, TensorFlow still wrote into it"
+
+
+def test_use_collective_all_reduce_multi_worker():
+    """`distributing` asks Keras's own multi-worker test: False for one device."""
+    import tensorflow as tf
+
+    assert compat.distributing(tf.distribute.get_strategy()) is False
+
+
+def test_use_patch_internals():
+    from keras.src import tree
+
+    assert tree.flatten({"a": (1, 2)}) == [1, 2]
+
+
+def test_use_eager_context():
+    """The device scope read from TensorFlow's eager context, and this process's task."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins import _compat_graph
+
+    with tf.device("/device:CPU:0"):
+        assert _compat_graph.current_device().endswith("CPU:0")
+    assert compat.collective_ops_configured() in (True, False)
+
+
+def test_use_tf_maybe_merge_call():
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    assert tf.__internal__.distribute.interim.maybe_merge_call(
+        lambda s, x: x + 1, strategy, tf.constant(1)).numpy() == 2
+
+
+def test_use_distributed_input_lib():
+    from tensorflow.python.distribute import input_lib
+
+    assert callable(input_lib.DistributedIterator.get_next_as_optional)

@@ -9,6 +9,7 @@ import traceback
 
 import pytest
 
+from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.callbacks import _stall
 from keras_mgpu_plugins.callbacks.stall_watchdog import StallWatchdog
 
@@ -178,12 +179,15 @@ def test_add_to_every_fit_adds_one_watchdog(monkeypatch):
     monkeypatch.setattr(keras.callbacks.CallbackList, "__init__", record)
     stall_watchdog.add_to_every_fit(30)
     stall_watchdog.add_to_every_fit(30)  # twice: still one
-    _tiny_fit([Spy()])
-    own = StallWatchdog(timeout=40)
-    _tiny_fit([Spy(), own])
-    assert seen[0].count("StallWatchdog") == 1 and seen[1].count("StallWatchdog") == 1
-    with pytest.raises(ValueError, match="Received: timeout=0"):
-        stall_watchdog.add_to_every_fit(0)
+    try:
+        _tiny_fit([Spy()])
+        own = StallWatchdog(timeout=40)
+        _tiny_fit([Spy(), own])
+        assert seen[0].count("StallWatchdog") == 1 and seen[1].count("StallWatchdog") == 1
+        with pytest.raises(ValueError, match="Received: timeout=0"):
+            stall_watchdog.add_to_every_fit(0)
+    finally:
+        compat.remove("stall_watchdog_on_every_fit")  # a registered patch (kmp.compat.PATCHES)
 
 
 def test_a_step_blocked_inside_a_tf_function_is_not_taken_for_tracing():

@@ -1,0 +1,153 @@
+"""The changes kmp's own features make to Keras objects: `FEATURES`, applied where each is needed.
+
+Unlike the workarounds (`_compat_table`), these fix no upstream bug: each is a
+kmp feature installed by wrapping a Keras method, at the moment named by
+`when`, through `_compat_patches.apply` (a class or module) or `apply_to` (one
+object). They are registered so that one table says everything kmp changes,
+in what order two wrappers of one method run, and `unpatch_keras()` undoes it
+all. The functions they apply live beside the feature (`lazy` imports them at
+the first use, so this table imports none of the feature modules).
+"""
+
+from __future__ import annotations
+
+from keras_mgpu_plugins._compat_record import Patch, lazy
+
+_MIN, _MAX = "3.10.0", "3.16.0"  # kmp's Keras floor (pyproject), and the first unchecked
+_FIT = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/trainer.py"
+_GRAPH = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/ops/function.py"
+_MP = "a model_parallel / hybrid factory's build (kmp.parallelize)"
+
+
+def _fit_takes(*names: str) -> bool:
+    import inspect
+
+    import keras
+
+    return all(n in inspect.signature(keras.Model.fit).parameters for n in names)
+
+
+def _graph_hook_there() -> bool:
+    from keras_mgpu_plugins._compat_checks import check_model_parallel
+
+    return not check_model_parallel()
+
+
+def _has(path: str) -> bool:
+    from keras_mgpu_plugins._compat_checks import resolve
+
+    try:
+        return callable(resolve(path))
+    except AttributeError:
+        return False
+
+
+def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: str,
+             present: object, upstream: str = _FIT, after: tuple[str, ...] = (),
+             per_instance: bool = False) -> Patch:
+    module, function = apply.rsplit(":", 1)
+    return Patch(name=name, upstream=upstream, min_version=_MIN, max_version=_MAX,
+                 apply=lazy(module, function), present=present, changes_results=False,
+                 symptom=symptom, wraps=wraps, after=after, kind="feature", when=when,
+                 per_instance=per_instance)
+
+
+FEATURES: tuple[Patch, ...] = (
+    _feature(
+        "chief_only_progress_bars", "keras_mgpu_plugins._worker_output:wrap_model_methods",
+        "every worker of a multi-worker job prints the same progress bar (N interleaved copies "
+        "in the kmp-launch terminal or the SLURM log)",
+        ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"),
+        "creating a strategy that spans workers (kmp.parallelize, kmp-launch)",
+        lambda: _fit_takes("verbose")),
+    _feature(
+        "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
+        "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
+        "given different kmp callbacks, or inputs with different numbers of steps",
+        ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
+        "kmp-launch)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
+    _feature(
+        "stall_watchdog_on_every_fit",
+        "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
+        "kmp-launch --stall-timeout: a fit that hangs is never reported (no stacks, the job "
+        "waits forever)", ("keras.Model.fit",), "kmp-launch --stall-timeout, before the script",
+        lambda: _fit_takes("callbacks"), after=("same_callbacks_on_every_worker",)),
+    _feature(
+        "placed_model_clone_warning", "keras_mgpu_plugins.model_parallel.factory:wrap_clone_model",
+        "keras.models.clone_model of a model_parallel / hybrid model silently returns a model "
+        "that runs on one device", ("keras.models.clone_model",), _MP,
+        lambda: _has("keras.models.clone_model"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/cloning.py"),
+    _feature(
+        "placement_records_layer_calls", "keras_mgpu_plugins.model_parallel.placement:wrap_layer_call",
+        "model_parallel: the tf.device / keras.device scopes around layer calls in the factory "
+        "are lost in fit (every layer runs on one device)", ("keras.layers.Layer.__call__",),
+        "while a model_parallel / hybrid factory runs (undone when it returns)",
+        _graph_hook_there, upstream=_GRAPH),
+    _feature(
+        "placed_graph_run", "keras_mgpu_plugins._compat_graph:set_graph_run",
+        "model_parallel: fit runs every layer on one device although the factory placed them",
+        ("keras.src.ops.function.Function._run_through_graph",), _MP, _graph_hook_there,
+        upstream=_GRAPH, per_instance=True),
+    _feature(
+        "placed_layer_call", "keras_mgpu_plugins.model_parallel.placement:wrap_in_device",
+        "model_parallel, subclassed model: its layers run where TensorFlow puts them (one device)",
+        ("keras.layers.Layer.call", "keras.layers.Layer.build"), _MP,
+        lambda: _has("keras.layers.Layer.build"), per_instance=True),
+    _feature(
+        "placed_train_step", "keras_mgpu_plugins.model_parallel.pipeline:set_train_step",
+        "model_parallel: gradients computed on one device; micro_batches has no effect",
+        ("keras.Model.train_step",), _MP, lambda: _has("keras.Model.train_step"),
+        per_instance=True),
+    _feature(
+        "placed_compile_keeps_placement",
+        "keras_mgpu_plugins.model_parallel.factory:wrap_compile",
+        "model_parallel: after compiling again, the optimizer's slots (Adam's moments) are all "
+        "on one device, and jit_compile puts the whole model on one device",
+        ("keras.Model.compile",), _MP, lambda: _has("keras.Model.compile"), per_instance=True),
+    _feature(
+        "hybrid_compile_in_strategy_scope",
+        "keras_mgpu_plugins.model_parallel.hybrid:wrap_compile",
+        "hybrid: a model compiled again outside the strategy's scope gets an optimizer "
+        "outside the strategy", ("keras.Model.compile",), _MP,
+        lambda: _has("keras.Model.compile"), after=("placed_compile_keeps_placement",),
+        per_instance=True),
+    _feature(
+        "placed_optimizer_slots", "keras_mgpu_plugins.model_parallel.factory:wrap_slot_creation",
+        "model_parallel: the optimizer's slot variables are all created on one device (out of "
+        "memory on the first GPU)", ("keras.optimizers.Optimizer.add_variable_from_reference",),
+        _MP, lambda: _has("keras.optimizers.Optimizer.add_variable_from_reference"),
+        per_instance=True),
+    _feature(
+        "placement_report_on_first_fit",
+        "keras_mgpu_plugins.model_parallel.factory:wrap_fit_with_report",
+        "model_parallel: no table of which layers run on which device before the first fit",
+        ("keras.Model.fit",), _MP, lambda: _fit_takes("batch_size", "verbose"),
+        per_instance=True),
+    _feature(
+        "multi_gpu_parallel_methods",
+        "keras_mgpu_plugins._multi_gpu_link:forward_parallel_methods",
+        "kmp.multi_gpu_model: compile/fit of the parallel model leave the template's weights "
+        "stale, or create the optimizer outside the strategy",
+        tuple(f"multi_gpu_model's parallel keras.Model.{m}"
+              for m in ("compile", "fit", "evaluate", "predict")),
+        "kmp.multi_gpu_model(model)", lambda: _fit_takes("callbacks"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
+        per_instance=True),
+    _feature(
+        "multi_gpu_template_watch", "keras_mgpu_plugins._multi_gpu_link:watch_template",
+        "kmp.multi_gpu_model: weights set or loaded on the template model are not seen by the "
+        "parallel model", ("multi_gpu_model's template keras.Model.set_weights",
+                           "multi_gpu_model's template keras.Model.load_weights"),
+        "kmp.multi_gpu_model(model)", lambda: _has("keras.Model.load_weights"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/model.py",
+        per_instance=True),
+    _feature(
+        "progbar_hidden_keys", "keras_mgpu_plugins._compat_private:wrap_history_epoch_end",
+        "DeviceMetricsLogger(progbar='summary'): the progress bar still shows every per-device "
+        "key", ("keras.callbacks.History.on_epoch_end",),
+        "DeviceMetricsLogger(progbar='summary') at train begin", lambda: _has(
+            "keras.callbacks.History.on_epoch_end"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/callbacks/"
+                 "callback_list.py", per_instance=True),
+)

@@ -1,0 +1,272 @@
+"""The workarounds of upstream Keras/TensorFlow bugs: `WORKAROUNDS`, applied by `patch_keras()`.
+
+Each names the upstream issue it works around and the Keras (or, for a
+TensorFlow bug, TensorFlow) versions it is known for (it is applied only
+there), the symptom it fixes, what it replaces and which patch it must wrap,
+and is tested by a real run that fails without it (`tests/multi_worker/test_fit.py`,
+`tests/multi_device/test_fit_settings.py`). The patches themselves live in
+`_compat_trainer`, `_compat_loss_scale`, `_compat_fit`, `_compat_optim`,
+`_compat_data`, `_compat_iterators`, `_compat_input_check` and `_compat_custom_step`.
+"""
+
+from __future__ import annotations
+
+from keras_mgpu_plugins._compat_custom_step import (
+    losses_scaled_for_distribution,
+    patch_build_without_call,
+    patch_scaled_loss_logs,
+    symbolic_build_calls_the_model,
+)
+from keras_mgpu_plugins._compat_data import (
+    numpy_function_aliases_outputs,
+    patch_numpy_function_owned_outputs,
+    patch_py_dataset_pool_sigterm,
+    pool_initializer_keeps_sigterm,
+)
+from keras_mgpu_plugins._compat_fit import (
+    accumulation_merges_inside_cond,
+    compile_makes_loss_tracker_in_current_scope,
+    jit_compiles_the_distributed_step,
+    patch_compile_in_model_scope,
+    patch_gradient_accumulation,
+    patch_jit_compile,
+)
+from keras_mgpu_plugins._compat_input_check import (
+    checks_input_every_step,
+    patch_full_batch_executions,
+)
+from keras_mgpu_plugins._compat_iterators import (
+    keeps_iterator_on_training_thread,
+    patch_release_iterators_off_thread,
+)
+from keras_mgpu_plugins._compat_loss_scale import (
+    loss_scale_takes_first_replica,
+    patch_loss_scale_finiteness,
+)
+from keras_mgpu_plugins._compat_optim import (
+    clips_before_all_reduce,
+    keeps_duplicate_slices,
+    patch_clip_after_all_reduce,
+    patch_sum_duplicate_slices,
+)
+from keras_mgpu_plugins._compat_record import Patch
+from keras_mgpu_plugins._compat_trainer import (
+    multi_step_conds_the_step,
+    patch_reduce_per_replica,
+    patch_steps_per_execution,
+    patch_symbolic_build,
+    reduce_per_replica_uses_axis_0,
+    symbolic_build_reduces_batch,
+)
+
+# Versions read from the released sources: `_maybe_symbolic_build` first appears
+# in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
+# "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
+# Keras 3.10 (TensorFlow 2.16 to 2.19) and 3.15 (TensorFlow 2.21); older Keras is
+# refused for distribution anyway (`check_keras_for_distribution`).
+WORKAROUNDS: tuple[Patch, ...] = (
+    Patch(
+        name="symbolic_build_per_replica_batch",
+        upstream="https://github.com/keras-team/keras/issues/20585",
+        min_version="3.5.0",
+        max_version="3.16.0",
+        apply=patch_symbolic_build,
+        present=symbolic_build_reduces_batch,
+        changes_results=False,
+        symptom="model.fit / evaluate / predict under MultiWorkerMirroredStrategy fail before the first step with an error naming PerReplica",
+        wraps=("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build",),
+    ),
+    # Wraps the patch above. keras-team/keras#21800 (open): the distributed symbolic build calls
+    # the model, which a custom test_step does not need; a Model subclass without call() (the
+    # knowledge-distillation example) fails the same way. Checked on Keras 3.15.
+    Patch(
+        name="symbolic_build_without_call",
+        upstream="https://github.com/keras-team/keras/issues/21800",
+        min_version="3.5.0",
+        max_version="3.16.0",
+        apply=patch_build_without_call,
+        present=symbolic_build_calls_the_model,
+        changes_results=False,
+        symptom="fit under a strategy fails with 'Unable to automatically build the model' for a Model subclass without call() (a custom train_step/test_step, keras.io's Distiller)",
+        wraps=("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._maybe_symbolic_build",),
+        after=("symbolic_build_per_replica_batch",),
+    ),
+    Patch(
+        name="multi_worker_scalar_log_reduce",
+        upstream="https://github.com/keras-team/keras/issues/20585",
+        min_version="3.3.0",
+        max_version="3.16.0",
+        apply=patch_reduce_per_replica,
+        present=reduce_per_replica_uses_axis_0,
+        changes_results=False,
+        symptom="ValueError: Invalid reduction dimension 0 for input with 0 dimensions in model.fit under MultiWorkerMirroredStrategy",
+        wraps=("keras.src.backend.tensorflow.trainer.reduce_per_replica",),
+    ),
+    # The tf.cond around each step of a tf.while_loop: from 3.7.0 (3.3-3.6 loop in Python
+    # over single steps); still there in 3.15.
+    Patch(
+        name="steps_per_execution_under_distribution",
+        upstream="https://github.com/keras-team/keras/issues/19246",
+        min_version="3.7.0",
+        max_version="3.16.0",
+        apply=patch_steps_per_execution,
+        present=multi_step_conds_the_step,
+        changes_results=False,
+        symptom="steps_per_execution > 1 under MirroredStrategy / MultiWorkerMirroredStrategy fails: You must feed a value for placeholder tensor 'while/cond/Placeholder_1'",
+        wraps=("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function",),
+    ),
+    # _tf_apply takes the first replica's `finite`: in 3.0.0 already, still in 3.15. No
+    # upstream issue found: the upstream field names the code.
+    Patch(
+        name="loss_scale_global_finiteness",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/optimizers/loss_scale_optimizer.py",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=patch_loss_scale_finiteness,
+        present=loss_scale_takes_first_replica,
+        symptom="mixed_float16 (LossScaleOptimizer) under a strategy: the loss scale collapses or weights become NaN when another replica's gradients overflow",
+        wraps=("keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer._tf_apply", "keras.src.backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients"),
+    ),
+    # Both checked on Keras 3.15 only; applied from the first Keras kmp distributes with
+    # (MIN_KERAS_FOR_DISTRIBUTION). `jit_compile_per_replica` wraps whatever `_make_function`
+    # is in force, so it comes after `steps_per_execution_under_distribution`.
+    Patch(
+        name="gradient_accumulation_under_distribution",
+        upstream="https://github.com/keras-team/keras/issues/20582",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_gradient_accumulation,
+        present=accumulation_merges_inside_cond,
+        changes_results=False,
+        symptom="gradient_accumulation_steps under a strategy fails: `merge_call` called while defining a new graph or a tf.function",
+        wraps=("keras.src.backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients",),
+    ),
+    # Wraps the accumulation patch's `_backend_apply_gradients` (it handles accumulation itself).
+    # Clipping: no keras-team/keras issue found; tensorflow/tensorflow#33929 is the closest
+    # (tf.keras refused clipping under a strategy for this reason). It also runs the EMA
+    # overwrite's cond cross-replica (no upstream issue found). Checked on Keras 3.15.
+    Patch(
+        name="clip_after_all_reduce",
+        upstream="https://github.com/tensorflow/tensorflow/issues/33929",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_clip_after_all_reduce,
+        present=clips_before_all_reduce,
+        symptom="clipnorm / global_clipnorm / clipvalue (or use_ema) under a strategy train other weights than one device: each replica's gradient is clipped",
+        wraps=("keras.src.backend.tensorflow.optimizer.TFOptimizer._backend_apply_gradients",),
+        after=("gradient_accumulation_under_distribution",),
+    ),
+    # Sparse gradients with duplicate rows: no keras-team/keras issue found. The code is
+    # keras-team/keras#18692 (3.0.0: optimizers take tf.IndexedSlices as they are, `ops.square`
+    # squares each slice); keras-team/keras#19992 discusses the same code (speed). Also applied
+    # on one device, to the optimizers of the models kmp.parallelize builds. Keras 3.15.
+    Patch(
+        name="sum_duplicate_sparse_gradient_rows",
+        upstream="https://github.com/keras-team/keras/pull/18692",
+        min_version="3.0.0",
+        max_version="3.16.0",
+        apply=patch_sum_duplicate_slices,
+        present=keeps_duplicate_slices,
+        symptom="an Embedding trained with Adam / RMSprop gives other weights than tf.keras or than the same batch split over devices (repeated token ids)",
+        wraps=("keras.src.backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients",),
+        after=("loss_scale_global_finiteness",),
+    ),
+    # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
+    # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
+    Patch(
+        name="py_dataset_pool_default_sigterm",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/data_adapters/py_dataset_adapter.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_py_dataset_pool_sigterm,
+        present=pool_initializer_keeps_sigterm,
+        changes_results=False,
+        symptom="a worker with PyDataset(use_multiprocessing=True) under MultiWorkerMirroredStrategy never exits after training (hangs at exit)",
+        wraps=("keras.src.trainers.data_adapters.py_dataset_adapter.init_pool_generator",),
+    ),
+    # No upstream issue found: destroying a used distributed iterator blocks the training
+    # thread for 0.16-5 s (up to 15 s) per fit under MultiWorkerMirroredStrategy (5-10 ms on
+    # another thread); the upstream field names the code that drops it there. Keras 3.15.
+    Patch(
+        name="release_iterators_off_thread",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_release_iterators_off_thread,
+        present=keeps_iterator_on_training_thread,
+        changes_results=False,
+        symptom="each model.fit under MultiWorkerMirroredStrategy ends with a pause of seconds while the other workers wait",
+        wraps=("keras.src.backend.tensorflow.trainer.TFEpochIterator._get_iterator",),
+    ),
+    # No upstream issue found: TensorFlow's distributed iterators check across workers at
+    # every fetch whether each still has input (one all-reduce per step), unless the dataset
+    # is infinite; the upstream field names that code. Run-tested on TensorFlow 2.21, Keras
+    # 3.15; `present` also checks the Keras side (`TFEpochIterator._get_iterator`).
+    Patch(
+        name="full_batch_executions_skip_input_check",
+        upstream="https://github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/python/distribute/input_lib.py",
+        min_version="2.16.0",
+        max_version="2.22.0",
+        apply=patch_full_batch_executions,
+        present=checks_input_every_step,
+        library="tensorflow",
+        changes_results=False,
+        symptom="multi-worker training is slower than it should be: one extra all-reduce per step to check every worker still has input",
+        wraps=("keras.src.backend.tensorflow.trainer.TFEpochIterator._get_iterator",),
+        after=("release_iterators_off_thread",),
+    ),
+    # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
+    # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras 3.15.
+    Patch(
+        name="compile_in_model_strategy_scope",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_compile_in_model_scope,
+        present=compile_makes_loss_tracker_in_current_scope,
+        symptom="after compiling again outside the strategy's scope (fine-tuning), each worker logs a different loss",
+        wraps=("keras.src.trainers.trainer.Trainer.compile",),
+    ),
+    Patch(
+        name="jit_compile_per_replica",
+        upstream="https://github.com/keras-team/keras/issues/19005",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_jit_compile,
+        present=jit_compiles_the_distributed_step,
+        changes_results=False,
+        symptom="compile(jit_compile=True) under a strategy fails: Trying to access resource ... located in device CPU:1 from device CPU:0 (UnimplementedError on several workers)",
+        wraps=("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function", "keras.src.optimizers.base_optimizer.BaseOptimizer.apply_gradients"),
+        after=("steps_per_execution_under_distribution",),
+    ),
+    # No upstream issue found: Keras scales a Loss's value by 1/replicas in the replica context
+    # and only its own train_step unscales what it logs; a custom step's logged losses are
+    # divided by the replicas. Wraps `_make_function` last (the step function each of the
+    # patches above runs). Checked on Keras 3.15.
+    Patch(
+        name="custom_step_logs_unscaled",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/losses/loss.py",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=patch_scaled_loss_logs,
+        present=losses_scaled_for_distribution,
+        symptom="a custom train_step / test_step logs its loss divided by the number of replicas (halved on 2 GPUs)",
+        wraps=("keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function", "keras.src.losses.loss.scale_loss_for_distribution", "keras.src.losses.loss.unscale_loss_for_distribution", "keras.src.metrics.reduction_metrics.Mean.update_state"),
+        after=("jit_compile_per_replica",),
+    ),
+    # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
+    # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares
+    # its memory). Run-tested on TensorFlow 2.21 only; applied from the oldest TensorFlow this
+    # package supports while `FuncRegistry` still hands the caller's arrays over.
+    Patch(
+        name="numpy_function_owned_outputs",
+        upstream="https://github.com/tensorflow/tensorflow/issues/59729",
+        min_version="2.16.0",
+        max_version="2.22.0",
+        apply=patch_numpy_function_owned_outputs,
+        present=numpy_function_aliases_outputs,
+        library="tensorflow",
+        symptom="fit(generator) or fit(PyDataset) on several devices trains on overwritten batches: other weights than one device",
+        wraps=("tensorflow.python.ops.script_ops.FuncRegistry.__call__",),
+    ),
+)

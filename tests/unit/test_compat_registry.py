@@ -1,0 +1,208 @@
+"""The registry of every change kmp makes to Keras/TensorFlow (`kmp.compat.PATCHES`).
+
+Every record says what, why and where; two records that wrap one attribute have
+a declared order that applying keeps whatever order the calls come in;
+`unpatch_keras()` puts back every original; the troubleshooting page's
+"symptom → patch" table is the one the registry renders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+
+import keras
+import pytest
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins import _compat_index, _compat_patches, compat
+from keras_mgpu_plugins._compat_checks import resolve
+from keras_mgpu_plugins._compat_record import Patch, order_problems
+
+PAGE = pathlib.Path(kmp.__file__).parent.parent / "docs" / "troubleshooting.md"
+
+
+@pytest.fixture
+def clean():
+    """Nothing patched during the test; the suite's usual state (the workarounds) after."""
+    compat.unpatch_keras()
+    yield
+    compat.unpatch_keras()
+    compat.patch_keras()
+
+
+def test_every_record_says_what_why_where_and_for_which_versions():
+    names = [p.name for p in compat.PATCHES]
+    assert len(names) == len(set(names))
+    for p in compat.PATCHES:
+        assert p.symptom and p.wraps and p.when, p.name
+        assert p.upstream.startswith("https://github.com/"), p.name
+        assert p.kind in ("workaround", "feature") and p.library in ("keras", "tensorflow")
+        assert p.applies_to(p.installed_version()), p.name
+        assert p.present() is True, p.name
+        assert not (p.kind == "feature" and p.changes_results), p.name
+
+
+def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_table():
+    assert order_problems(compat.PATCHES) == []
+    by_attribute: dict[str, list[str]] = {}
+    for p in compat.PATCHES:
+        for path in p.wraps:
+            by_attribute.setdefault(f"{path}{' (instance)' * p.per_instance}", []).append(p.name)
+    shared = {path.rsplit(".", 1)[1]: names for path, names in by_attribute.items()
+              if len(names) > 1}
+    assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
+                           "_all_reduce_sum_gradients", "_get_iterator", "fit", "compile (instance)"}
+    assert shared["fit"] == ["chief_only_progress_bars", "same_callbacks_on_every_worker",
+                             "stall_watchdog_on_every_fit"]
+
+
+def test_order_problems_names_an_undeclared_or_reversed_pair():
+    def record(name, after=()):
+        return Patch(name, "https://github.com/x/y/issues/1", "3.0.0", "4.0.0", lambda: None,
+                     wraps=("keras.Model.fit",), after=after)
+
+    assert order_problems([record("a"), record("b")]) == [
+        "a and b both wrap keras.Model.fit: neither names the other in after="]
+    assert order_problems([record("a", after=("b",)), record("b")]) == [
+        "a wraps b (keras.Model.fit) but comes first in the table"]
+    assert order_problems([record("a"), record("b", after=("c",))]) == [
+        "b: after='c' names no patch", "a and b both wrap keras.Model.fit: neither names the "
+        "other in after="]
+
+
+def test_a_patch_applied_late_still_goes_inside_the_ones_declared_to_wrap_it(clean):
+    """The launcher without a strategy applies the watchdog first, the strategy's two later:
+    the watchdog still wraps them (the declared order), as on the default path."""
+    from keras_mgpu_plugins import _same_callbacks, _worker_output
+    from keras_mgpu_plugins.callbacks import stall_watchdog
+
+    original = keras.Model.fit
+    stall_watchdog.add_to_every_fit(30)
+    _same_callbacks.install()
+    _worker_output.install()
+    assert list(_compat_patches._applied) == [
+        "chief_only_progress_bars", "same_callbacks_on_every_worker", "stall_watchdog_on_every_fit"]
+    chain, fit = [], keras.Model.fit
+    while fit is not original:
+        chain.append(pathlib.Path(fit.__code__.co_filename).name)  # wraps copies __module__
+        fit = fit.__wrapped__
+    assert chain == ["stall_watchdog.py", "_same_callbacks.py", "_worker_output.py"]
+    with pytest.raises(RuntimeError, match="cannot undo chief_only_progress_bars alone"):
+        compat.remove("chief_only_progress_bars")
+
+
+def test_an_undeclared_pair_is_refused_when_applied(clean, monkeypatch):
+    undeclared = tuple(dataclasses.replace(p, after=()) if p.name == "same_callbacks_on_every_worker"
+                       else p for p in _compat_patches.PATCHES)
+    monkeypatch.setattr(_compat_patches, "PATCHES", undeclared)
+    compat.apply("chief_only_progress_bars")
+    with pytest.raises(RuntimeError, match="declares no order"):
+        compat.apply("same_callbacks_on_every_worker")
+
+
+def instances():
+    """One fresh object per per-instance record, with the arguments kmp gives it."""
+    import tensorflow as tf
+
+    def model():
+        made = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        made.compile("adam", "mse")
+        return made
+
+    graph = model()
+    return {
+        "placed_graph_run": (graph._functional, lambda operation_fn: operation_fn),
+        "placed_layer_call": (keras.layers.Dense(2), "/device:CPU:0"),
+        "placed_train_step": (model(), 1, None),
+        "placed_compile_keeps_placement": (graph,),
+        "hybrid_compile_in_strategy_scope": (graph, tf.distribute.get_strategy()),
+        "placed_optimizer_slots": (model().optimizer,),
+        "placement_report_on_first_fit": (model(),),
+        "progbar_hidden_keys": (keras.callbacks.History(), lambda: ["hidden"]),
+        "multi_gpu_parallel_methods": (model(), types.SimpleNamespace(
+            compile=print, fit=print, evaluate=print, predict=print)),
+        "multi_gpu_template_watch": (model(), types.SimpleNamespace(_watch=lambda m: m)),
+    }
+
+
+def _record(name):
+    return next(p for p in compat.PATCHES if p.name == name)
+
+
+def test_unpatch_keras_puts_back_every_original(clean):
+    """Every record applied (the workarounds as `patch_keras`, each feature as kmp applies
+    it), then `unpatch_keras()`: every attribute is the original object again."""
+    from keras_mgpu_plugins import _same_callbacks, _worker_output
+    from keras_mgpu_plugins.callbacks import stall_watchdog
+    from keras_mgpu_plugins.model_parallel import placement
+
+    paths = [w for p in compat.PATCHES if not p.per_instance for w in p.wraps]
+    before = {path: resolve(path) for path in paths}
+    compat.patch_keras()
+    _worker_output.install()
+    _same_callbacks.install()
+    stall_watchdog.add_to_every_fit(30)
+    compat.apply("placed_model_clone_warning")
+    objects = instances()
+    own = {name: {a: vars(obj).get(a) for a in _record(name).attributes()}  # Keras sets `build`
+           for name, (obj, *_) in objects.items()}
+    for name, (obj, *args) in objects.items():
+        assert compat.apply_to(name, obj, *args), name
+    with placement.recording():
+        during = {path: resolve(path) for path in paths}
+    assert "placement_records_layer_calls" not in _compat_patches._applied  # removed after
+    assert [p for p in paths if during[p] is before[p]] == []  # each one was replaced
+    for name, (obj, *_) in objects.items():
+        assert name in compat.applied_on(obj)
+        assert all(vars(obj).get(a) is not own[name][a] for a in own[name]), name
+    compat.unpatch_keras()
+    assert [p for p in paths if resolve(p) is not before[p]] == []
+    assert _compat_patches._applied == {}
+    for name, (obj, *_) in objects.items():
+        assert {a: vars(obj).get(a) for a in own[name]} == own[name], name
+        assert compat.applied_on(obj) == []
+
+
+def test_per_instance_patches_keep_their_declared_order(clean):
+    """On one model, the hybrid compile must wrap the model-parallel one, not the reverse."""
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(RuntimeError, match="declares no such order"):
+        compat.apply_to("hybrid_compile_in_strategy_scope", model, tf.distribute.get_strategy())
+        compat.apply_to("placed_compile_keeps_placement", model)
+    compat.remove_from("hybrid_compile_in_strategy_scope", model)
+    assert "compile" not in vars(model)
+    compat.apply_to("placed_compile_keeps_placement", model)
+    compat.apply_to("hybrid_compile_in_strategy_scope", model, tf.distribute.get_strategy())
+    assert compat.applied_on(model) == ["placed_compile_keeps_placement",
+                                        "hybrid_compile_in_strategy_scope"]
+    with pytest.raises(RuntimeError, match="another patch wrapped its compile"):
+        compat.remove_from("placed_compile_keeps_placement", model)
+
+
+def test_a_feature_outside_its_range_follows_the_same_version_policy(clean, monkeypatch):
+    """A feature patch is not results-changing: applied with one warning where its code is
+    there, skipped with one where it is not."""
+    monkeypatch.setattr(_compat_patches, "_warned_patches", set())
+    monkeypatch.setattr(keras, "__version__", "3.16.0")
+    with pytest.warns(UserWarning, match=r"chief_only_progress_bars \(applied: Keras 3\.16\.0"):
+        assert compat.apply("chief_only_progress_bars")
+    gone = tuple(dataclasses.replace(p, present=lambda: False)
+                 if p.name == "same_callbacks_on_every_worker" else p
+                 for p in _compat_patches.PATCHES)
+    monkeypatch.setattr(_compat_patches, "PATCHES", gone)
+    with pytest.warns(UserWarning, match=r"same_callbacks_on_every_worker \(not applied"):
+        assert compat.apply("same_callbacks_on_every_worker") is False
+
+
+def test_the_troubleshooting_index_is_the_one_the_registry_renders():
+    page = PAGE.read_text()
+    assert _compat_index.BEGIN in page, "run python -m keras_mgpu_plugins._compat_index"
+    assert _compat_index.render_into(page) == page, (
+        "docs/troubleshooting.md's symptom index is stale: run "
+        "python -m keras_mgpu_plugins._compat_index")
+    for p in compat.PATCHES:
+        assert f"| `{p.name}` |" in page
