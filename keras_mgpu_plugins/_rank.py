@@ -8,18 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from keras_mgpu_plugins.errors import TopologyError
+from keras_mgpu_plugins.runtime._base import Rank
 from keras_mgpu_plugins.topology import topology_from_env
-
-
-class Rank(NamedTuple):
-    """Where this process stands in the job it trains in (see `whoami`)."""
-
-    worker_index: int
-    num_workers: int
-    is_chief: bool
 
 
 def whoami(strategy: Any | None = None) -> Rank:

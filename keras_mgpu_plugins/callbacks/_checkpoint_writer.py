@@ -7,7 +7,7 @@ The one scheme of every save (`ModelCheckpoint`, `BackupAndRestore`):
 2. only the chief writes it: at once on the training thread, or with
    `async_save=True` on one background thread, at most one write in flight;
 3. an error reaches every worker, with its cause: a synchronous save is one
-   `collective.together` (every worker's error text travels in one all-gather); a
+   `Runtime.together` (every worker's error text travels in one all-gather); a
    background write's error is carried by the chief to every worker at the
    next check (`raise_chief_error`), in the collective that check runs anyway.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import collective
 from keras_mgpu_plugins.callbacks._checkpoint_io import Snapshot, take_snapshot
+from keras_mgpu_plugins.runtime import PeerFailedError, Runtime, decode_error, encode_error
 
 
 class BackgroundWriter:
@@ -93,12 +93,12 @@ class ChiefWrites:
         self.since: int | None = None  # epoch of the write in flight
 
     def save(self, model: Any, kind: str, write: Callable[[Snapshot], None], record: Any,
-             what: str, strategy: Any, epoch: int) -> None:
+             what: str, runtime: Runtime, epoch: int) -> None:
         """Every worker snapshots `model`; the chief calls `write(snapshot)`, now or later."""
 
         def here() -> bool:
             snapshot = take_snapshot(model, kind)  # the same reads on every worker
-            if not collective.is_chief():
+            if not runtime.is_chief:
                 return False
             if self.writer is None:
                 write(snapshot)
@@ -107,7 +107,7 @@ class ChiefWrites:
             self.since = epoch
             return False
 
-        if collective.together(here, f"{self.owner}: {what}", strategy):
+        if runtime.together(here, f"{self.owner}: {what}"):
             self.on_saved(record)
 
     def drain(self, wait: bool = False) -> None:
@@ -126,23 +126,23 @@ class ChiefWrites:
                                    f"saving {record['path']} (async_save=True).")
                 self.error = error
 
-    def check(self, strategy: Any, wait: bool) -> None:
+    def check(self, runtime: Runtime, wait: bool) -> None:
         """Raises the chief's writer error on every worker (one broadcast across workers)."""
         self.drain(wait=wait)
-        chief = collective.encode_error(self.error if collective.is_chief() else None)
-        if collective.spans_workers(strategy):
-            chief = collective.broadcast(chief, strategy)
-        self.raise_chief_error(chief)
+        chief = encode_error(self.error if runtime.is_chief else None)
+        if runtime.spans_workers:
+            chief = runtime.broadcast(chief)
+        self.raise_chief_error(chief, runtime)
 
-    def raise_chief_error(self, chief: np.ndarray) -> None:
-        """Raises here the error the chief encoded (`collective.encode_error`) in `chief`, if any."""
-        cause = collective.decode_error(chief)
+    def raise_chief_error(self, chief: np.ndarray, runtime: Runtime) -> None:
+        """Raises here the error the chief encoded (`encode_error`) in `chief`, if any."""
+        cause = decode_error(chief)
         if cause is None:
             return
         error, self.error = self.error, None
-        if error is not None and collective.is_chief():
+        if error is not None and runtime.is_chief:
             raise error
-        raise collective.PeerFailedError(
+        raise PeerFailedError(
             f"{self.owner}(async_save=True): the chief's background writer failed ({cause}). "
             "Every worker stops here."
         )

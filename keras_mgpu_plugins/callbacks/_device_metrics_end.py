@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.report import plot_run, summary_table
 
@@ -21,13 +21,13 @@ from keras_mgpu_plugins.samplers.report import plot_run, summary_table
 PLOT_POINTS = 256
 
 
-def gather_series(thread: Any, t0: float, max_devices: int, strategy: Any) -> np.ndarray:
+def gather_series(thread: Any, t0: float, max_devices: int, runtime: Any) -> np.ndarray:
     """Every worker's readings over the run, `(workers, PLOT_POINTS, 1 + fields)`, time first."""
     times, values = thread.series()
     grid = np.linspace(0.0, max(time.perf_counter() - t0, 1e-9), PLOT_POINTS)
     width = len(rec.HOST_FIELDS) + max_devices * len(rec.DEVICE_FIELDS)
     local = rec.resample(times - t0, values, grid, width)  # the same shape on every worker
-    gathered = collective.all_gather(local, strategy)
+    gathered = runtime.all_gather(local)
     return np.concatenate([grid[None, :, None].repeat(len(gathered), 0), gathered], axis=2)
 
 

@@ -13,11 +13,10 @@ import os
 import shutil
 import tempfile
 import warnings
-from typing import Any
 
 import keras
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import compat, runtime
 from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer
 from keras_mgpu_plugins.callbacks._backup_state import (  # noqa: F401 - public names
     CORRUPT,
@@ -52,7 +51,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       whole, or (during the very first one) no backup: the next run starts
       from scratch, with a warning;
     - on restore, every worker reads `backup_dir` and the workers compare what
-      they saw (`collective.all_gather`); if one does not see the chief's backup
+      they saw (`Runtime.all_gather`); if one does not see the chief's backup
       (`backup_dir` not on shared storage), all of them raise
       `BackupNotSharedError` instead of training from different states;
     - every worker then loads the same file and resumes at the same epoch.
@@ -125,10 +124,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 f"you call `fit()`. Model {self.model} is unbuilt. You can build it "
                 "beforehand by calling it on a batch of data."
             )
-        collective.same_settings(  # they decide when backups (collective reads) happen
+        runtime.of(self.model).same_settings(  # they decide when backups (collective reads) happen
             {"save_freq": self.save_freq, "double_checkpoint": bool(self.double_checkpoint),
              "delete_checkpoint": bool(self.delete_checkpoint), "async_save": self.async_save},
-            type(self).__name__, self.model.distribute_strategy,
+            type(self).__name__,
         )
         self._saves.drain(wait=True)  # a write left by an interrupted fit
         self._restore()
@@ -138,8 +137,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._last_batch_seen = 0
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
-            self._saves.check(self.model.distribute_strategy,
-                              wait=since is not None and since < epoch)
+            self._saves.check(runtime.of(self.model), wait=since is not None and since < epoch)
         if self.save_freq == "epoch":
             self._backup()
 
@@ -149,26 +147,26 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self.async_save:
-            self._saves.check(self.model.distribute_strategy, wait=True)
+            self._saves.check(runtime.of(self.model), wait=True)
+        here = runtime.of(self.model)
 
         def delete() -> None:
-            if self.delete_checkpoint and collective.is_chief() and os.path.exists(self.backup_dir):
+            if self.delete_checkpoint and here.is_chief and os.path.exists(self.backup_dir):
                 shutil.rmtree(self.backup_dir)
                 self._on_disk = None
 
         # also makes the next fit read what the chief left
-        collective.together(delete, f"{type(self).__name__}: deleting {self.backup_dir}",
-                            self.model.distribute_strategy)
+        here.together(delete, f"{type(self).__name__}: deleting {self.backup_dir}")
 
     # --- restoring -------------------------------------------------------------
 
     def _restore(self) -> None:
-        strategy = self.model.distribute_strategy
-        latest, previous = collective.together(
-            self._look_both, f"{type(self).__name__}: reading {self.backup_dir}", strategy
+        here = runtime.of(self.model)
+        latest, previous = here.together(
+            self._look_both, f"{type(self).__name__}: reading {self.backup_dir}"
         )
-        if collective.spans_workers(strategy):
-            check_shared(collective.all_gather(encode(latest, previous), strategy), self.backup_dir)
+        if here.spans_workers:
+            check_shared(here.all_gather(encode(latest, previous)), self.backup_dir)
         source = pick(latest, previous)
         if latest is INCOMPLETE:
             warnings.warn(
@@ -177,18 +175,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 "there is no backup to restore, training starts from scratch.",
                 UserWarning, stacklevel=2,
             )
-        cause = self._load(self._weights_path, strategy) if source == "latest" else None
+        cause = self._load(self._weights_path, here) if source == "latest" else None
         if cause is not None:
             if not isinstance(previous, BackupState):
                 raise OSError(f"Unable to load the backup {self._weights_path}: {cause}")
             source = "previous"
         if source == "previous":
-            cause = self._load(self._prev_weights_path, strategy)
+            cause = self._load(self._prev_weights_path, here)
             if cause is not None:
                 raise OSError(f"Unable to load the backup {self._prev_weights_path}: {cause}")
-            collective.together(  # as Keras: the previous backup becomes the latest
-                self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}",
-                strategy,
+            here.together(  # as Keras: the previous backup becomes the latest
+                self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}"
             )
         snapshot = {"latest": latest, "previous": previous}.get(source or "")
         self._on_disk = snapshot if isinstance(snapshot, BackupState) else None
@@ -197,13 +194,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def _look_both(self) -> tuple[BackupState | str | None, BackupState | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""
-        if collective.is_chief():  # left by a writer that was killed
+        if runtime.of(self.model).is_chief:  # left by a writer that was killed
             _atomic.remove_stale_temps(self.backup_dir)
         return (look(self._weights_path, self._training_metadata_path),
                 look(self._prev_weights_path, self._prev_training_metadata_path))
 
     def _promote_previous(self) -> None:
-        if not collective.is_chief():
+        if not runtime.of(self.model).is_chief:
             return
         if os.path.exists(self._prev_training_metadata_path):
             _copy_atomic(self._prev_training_metadata_path, self._training_metadata_path)
@@ -211,11 +208,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             os.remove(self._training_metadata_path)
         _copy_atomic(self._prev_weights_path, self._weights_path)
 
-    def _load(self, path: str, strategy: Any) -> str | None:
+    def _load(self, path: str, here: runtime.Runtime) -> str | None:
         """Loads `path` on every worker; on all of them, the first failure's cause, if any."""
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
-            with strategy.scope():
+            with here.scope():
                 optimizer.build(self.model.trainable_variables)
         scratch = None
         try:
@@ -229,7 +226,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        return collective.gather_errors(error, strategy)
+        return here.gather_errors(error)
 
     # --- backing up ------------------------------------------------------------
 
@@ -245,13 +242,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         return False
 
     def _backup(self) -> None:
-        strategy = self.model.distribute_strategy
+        here = runtime.of(self.model)
         if self.async_save:  # at most one write in flight; its error first, everywhere
-            self._saves.check(strategy, wait=True)
+            self._saves.check(here, wait=True)
         state = BackupState(self._current_epoch, self._last_batch_seen, "")
         self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),
                          {"path": self._weights_path}, f"writing {self._weights_path}",
-                         strategy, self._current_epoch)
+                         here, self._current_epoch)
 
     def _write(self, snapshot: _checkpoint_io.Snapshot, state: BackupState) -> None:
         """The chief's backup, in the order `_backup_state` explains (training or writer thread)."""

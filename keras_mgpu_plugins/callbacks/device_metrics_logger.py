@@ -38,7 +38,7 @@ import time
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import compat, runtime
 from keras_mgpu_plugins.callbacks import _device_metrics_end as _end
 from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
@@ -57,7 +57,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     (CSVLogger, TensorBoard and W&B callbacks listed *after* it record them)
     and publishes them on the `"device_metrics"` event topic. Under several
     workers every worker sends a fixed-length vector through
-    `collective.all_gather` at the same step, so the chief's record covers
+    `Runtime.all_gather` at the same step, so the chief's record covers
     every device of every worker. Only the chief writes files and prints.
 
     Readings of NVML and the host are taken by a background thread every
@@ -192,10 +192,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
-            series = (_end.gather_series(self._thread, self._t0, self._max_devices, self._strategy)
+            series = (_end.gather_series(self._thread, self._t0, self._max_devices, self._runtime)
                       if self._plot_gathered else None)
-            collective.together(lambda: self._chief and _end.finish(self, series),
-                                "DeviceMetricsLogger: the plot and summary", self._strategy)
+            self._runtime.together(lambda: self._chief and _end.finish(self, series),
+                                   "DeviceMetricsLogger: the plot and summary")
         finally:
             self._close_run()
 
@@ -216,13 +216,13 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         rows = _end.rows_counted(self.model) / done if done else np.nan
         run = np.append(rec.step_stats(seconds, batches), [rows, self._reader.take_failures()])
         vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
-        workers = rec.unpack(collective.all_gather(vector, self._strategy), self._all_names)
+        workers = rec.unpack(self._runtime.all_gather(vector), self._all_names)
         failed = [i for i, w in enumerate(workers) if w.run["failed_reads"] > 0]
         self._warn_once_about_peers(failed)
         metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas),
                                      keep_missing=bool(failed))  # a failed first read drops no key
-        collective.together(lambda: self._write(kind, batch, metrics),  # chief-only files
-                            "DeviceMetricsLogger: writing a record", self._strategy)
+        self._runtime.together(lambda: self._write(kind, batch, metrics),  # chief-only files
+                               "DeviceMetricsLogger: writing a record")
         events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
         return workers, metrics
 
@@ -247,17 +247,17 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def _open_run(self) -> None:
         if self._thread is not None:
             self._thread.stop()  # a previous fit that raised
-        self._strategy = self.model.distribute_strategy
-        self._replicas = int(self._strategy.num_replicas_in_sync)
-        self._chief = collective.is_chief(self._strategy)
+        self._runtime = runtime.of(self.model)
+        self._replicas = self._runtime.replicas_in_sync
+        self._chief = self._runtime.is_chief
         # plot and log_freq decide how many collectives run: the same everywhere, or an error.
-        collective.same_settings({"plot": self.plot is not None, "log_freq": self.log_freq},
-                                 type(self).__name__, self._strategy)
-        self._reader = collective.together(self._open_reader, "DeviceMetricsLogger: opening the samplers",
-                                           self._strategy)
+        self._runtime.same_settings({"plot": self.plot is not None, "log_freq": self.log_freq},
+                                    type(self).__name__)
+        self._reader = self._runtime.together(self._open_reader,
+                                              "DeviceMetricsLogger: opening the samplers")
         self._names, self._peers_warned = self._reader.names, set()
         self._plot_gathered, self._every = self.plot is not None, self._every_n
-        counts = collective.all_gather(np.array([len(self._names)]), self._strategy)[:, 0]
+        counts = self._runtime.all_gather(np.array([len(self._names)]))[:, 0]
         self._max_devices = int(counts.max())
         self._all_names = rec.remote_device_names(self._names, [int(c) for c in counts])
         self._schema = rec.KeySchema()
@@ -265,7 +265,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._run_intervals: list[tuple[np.ndarray, np.ndarray]] = []
         self.records = []
         self._sinks = RecordSinks()
-        collective.together(self._open_sinks, "DeviceMetricsLogger: opening its files", self._strategy)
+        self._runtime.together(self._open_sinks, "DeviceMetricsLogger: opening its files")
         self._thread = SamplerThread(self._reader.read, self.sample_interval)
         self._thread.start()
         self._warn_once_about_gpus()

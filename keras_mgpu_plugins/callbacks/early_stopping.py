@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import runtime
 
 
 class EarlyStopping(keras.callbacks.EarlyStopping):
@@ -60,16 +60,16 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)  # resets wait, best, ... (reuse across fits)
-        collective.same_settings(  # they decide the stop epoch, hence the collectives run
+        runtime.of(self.model).same_settings(  # they decide the stop epoch, hence the collectives
             {"monitor": self.monitor, "mode": self.mode, "min_delta": float(self.min_delta),
              "patience": self.patience, "baseline": self.baseline,
              "start_from_epoch": self.start_from_epoch,
              "restore_best_weights": bool(self.restore_best_weights)},
-            type(self).__name__, getattr(self.model, "distribute_strategy", None),
+            type(self).__name__,
         )
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        with _quiet_unless(collective.is_chief(getattr(self.model, "distribute_strategy", None)), self):
+        with _quiet_unless(runtime.of(self.model).is_chief, self):
             super().on_train_end(logs)  # messages, then restores best_weights
 
     def get_monitor_value(self, logs: dict | None) -> float | None:
@@ -79,9 +79,9 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
         every epoch end, in the same order.
         """
         value = (logs or {}).get(self.monitor)
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if collective.spans_workers(strategy):
-            value = _chief_value(value, strategy)
+        here = runtime.of(self.model)
+        if here.spans_workers:
+            value = _chief_value(value, here)
         if value is None:
             warnings.warn(
                 f"Early stopping conditioned on metric `{self.monitor}` which is not "
@@ -90,13 +90,13 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             )
         return value
 
-def _chief_value(value: Any, strategy: Any) -> float | None:
+def _chief_value(value: Any, here: runtime.Runtime) -> float | None:
     """Every worker gets the chief's value (`None` if the chief has none)."""
     try:  # never raise before the collective: the other workers would wait for us
         mine = np.array([0.0, 0.0] if value is None else [1.0, float(value)])
     except (TypeError, ValueError):
         mine = np.array([0.0, 0.0])
-    present, chief = collective.broadcast(mine, strategy)
+    present, chief = here.broadcast(mine)
     return float(chief) if present else None
 
 

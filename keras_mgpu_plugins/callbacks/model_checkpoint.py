@@ -32,7 +32,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import compat, runtime
 from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer, events
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
@@ -91,7 +91,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     Raises:
         ValueError: As Keras, for a bad `save_freq` or a filepath whose ending
             does not match `save_weights_only`; for a non-boolean `async_save`.
-            At train begin, `collective.SettingsDifferError` (a `ValueError`)
+            At train begin, `kmp.collective.SettingsDifferError` (a `ValueError`)
             on every worker if `monitor`, `mode`, `save_best_only`,
             `save_weights_only`, `save_freq`, `initial_value_threshold` or
             `async_save` differ between workers.
@@ -153,13 +153,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._drain(wait=True)  # a write left by an interrupted fit
-        strategy = self._strategy()
-        collective.same_settings(self._collective_settings(), type(self).__name__, strategy)
+        here = self._runtime()
+        here.same_settings(self._collective_settings(), type(self).__name__)
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         directory = os.path.dirname(self.filepath.split("{", 1)[0])
-        problem = _atomic.prepare_folder(directory) if collective.is_chief() else None
-        if collective.agree(problem is not None, strategy, how="chief"):
+        problem = _atomic.prepare_folder(directory) if here.is_chief else None
+        if here.agree(problem is not None, how="chief"):
             where = problem or "the chief worker cannot write there (see its error)"
             raise PermissionError(
                 f"{type(self).__name__} cannot write checkpoints to the folder of "
@@ -183,13 +183,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self._writer is not None and self.save_freq != "epoch":  # else the save point checks
             # a write started in an earlier epoch has had an epoch: its outcome is due now
             since = self._saves.since
-            self._saves.check(self._strategy(), wait=since is not None and since < epoch)
+            self._saves.check(self._runtime(), wait=since is not None and since < epoch)
         super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._writer is not None:
             events.unsubscribe(self.model, "flush", self._flush)
-            self._saves.check(self._strategy(), wait=True)
+            self._saves.check(self._runtime(), wait=True)
 
     # --- saving -----------------------------------------------------------------
 
@@ -209,21 +209,22 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             raise OSError(
                 "Please specify a non-directory filepath for ModelCheckpoint. "
                 f"Filepath used is an existing directory: {filepath}"
-                + ("" if collective.is_chief() else " (on the chief worker)")
+                + ("" if self._runtime().is_chief else " (on the chief worker)")
             )
         self._saves.save(
             self._model_to_save(), self._kind,
             lambda snapshot: self._write(snapshot.write, filepath),
-            record, f"saving {filepath}", self._strategy(), record["epoch"])
+            record, f"saving {filepath}", self._runtime(), record["epoch"])
 
     def _decide(self, epoch: int, batch: int | None, logs: dict, filepath: str) -> dict | None:
         """Keras's decision on the chief's monitored value; the event record if saving."""
-        chief = collective.is_chief()
-        error = collective.encode_error(self._saves.error if chief else None)
+        here = self._runtime()
+        chief = here.is_chief
+        error = runtime.encode_error(self._saves.error if chief else None)
         flags = [chief and _atomic.isdir(filepath)]
         local = np.concatenate([encode_monitored(logs.get(self.monitor)), flags, error])
-        chief_value = collective.broadcast(local, self._strategy())
-        self._saves.raise_chief_error(chief_value[3:])
+        chief_value = here.broadcast(local)
+        self._saves.raise_chief_error(chief_value[3:], here)
         with self._quiet_unless(chief):
             decided = agreed_logs(logs, self.monitor, chief_value[:2])
             if not self._should_save_model(epoch, batch, decided, filepath):
@@ -248,8 +249,8 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             "async_save": self.async_save,
         }
 
-    def _strategy(self) -> Any:
-        return getattr(self.model, "distribute_strategy", None)
+    def _runtime(self) -> runtime.Runtime:
+        return runtime.of(self.model)
 
     def _model_to_save(self) -> keras.Model:
         """The trained model, or the template given its values (on every worker).

@@ -32,7 +32,7 @@ from typing import Any
 
 import keras
 
-from keras_mgpu_plugins import _progress, collective, compat
+from keras_mgpu_plugins import _progress, compat, runtime
 from keras_mgpu_plugins._progress import note_progress, paused  # noqa: F401 (public here)
 from keras_mgpu_plugins.callbacks import _stall
 
@@ -116,8 +116,8 @@ class StallWatchdog(keras.callbacks.Callback):
         collective that only the workers with a watchdog run would meet the
         other workers' first training step. Without a folder, nothing is compared.
         """
-        strategy, directory = self.model.distribute_strategy, self._directory()
-        num_workers = collective.num_workers(strategy)
+        here, directory = runtime.of(self.model), self._directory()
+        num_workers = here.num_workers
         if num_workers == 1 or directory is None:
             return
         StallWatchdog._fits += 1
@@ -125,17 +125,17 @@ class StallWatchdog(keras.callbacks.Callback):
         # Up to `timeout`, not less: a worker that reaches fit later (slow data loading)
         # is not yet a stall, and must not be taken for one without a watchdog.
         wait_s = self.timeout
-        missing = _stall.meet(directory, collective.worker_index(strategy), num_workers,
+        missing = _stall.meet(directory, here.worker_index, num_workers,
                               StallWatchdog._fits, {"timeout": self.timeout}, wait_s)
         if missing:
-            raise collective.SettingsDifferError(
+            raise runtime.SettingsDifferError(
                 "StallWatchdog must run on every worker, or on none: worker(s) "
                 f"{', '.join(map(str, missing))} started no StallWatchdog within {wait_s:g} s "
                 f"of this worker's train begin (heartbeat folder {directory!r}). Pass "
                 "StallWatchdog(...) to fit on every worker (or use `kmp-launch "
                 "--stall-timeout SECONDS`, which adds one to every worker's fit).")
         # Every worker has one: each runs this collective, so it cannot meet a training step.
-        collective.same_settings({"timeout": self.timeout}, type(self).__name__, strategy)
+        here.same_settings({"timeout": self.timeout}, type(self).__name__)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._stop.set()
@@ -165,19 +165,23 @@ class StallWatchdog(keras.callbacks.Callback):
         self.on_train_end()  # a previous fit's thread, if fit raised before its end
         self._stop = threading.Event()
         directory = self._directory()
-        watch = _Watch(self.timeout, self.poll_interval, directory, self._stop)
+        watch = _Watch(self.timeout, self.poll_interval, directory, self._stop,
+                       runtime.of(self.model).rank())
         self._thread = threading.Thread(target=watch.run, name="kmp-stall-watchdog",
                                         daemon=True)
         self._thread.start()
+
+
+_ALONE = runtime.Rank(0, 1, True)
 
 
 class _Watch:
     """The watchdog thread's loop, for the fit that started it."""
 
     def __init__(self, timeout: float, interval: float, directory: str | None,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, rank: runtime.Rank = _ALONE) -> None:
         self.timeout, self.interval, self.stop = timeout, interval, stop
-        self.worker, self.num_workers = collective.worker_index(), collective.num_workers()
+        self.worker, self.num_workers = rank.worker_index, rank.num_workers
         self.board = _stall.Board(directory, self.worker)
         self.training_thread = threading.get_ident()
         self.fit_code = _fit_code(sys._getframe())

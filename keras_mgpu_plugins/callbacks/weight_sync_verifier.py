@@ -11,10 +11,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import runtime
 from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.callbacks import _weight_sync as _ws
-from keras_mgpu_plugins.callbacks._replica_copies import Tracked, assign, host_value
 from keras_mgpu_plugins.callbacks._weight_sync import (  # public names, re-exported
     DEFAULT_STATISTICS,
     MAX_LINES,
@@ -109,13 +108,13 @@ class WeightSyncVerifier(keras.callbacks.Callback):
 
     # --- Keras hooks ------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        collective.same_settings(  # they decide when checks (collectives) run, and the verdict
+        self._runtime().same_settings(  # they decide when checks (collectives) run, the verdict
             {"check_freq": self.schedule.every_n_batches or (  # or deprecated every_n_epochs=k
                 "epoch" if self.schedule.every_n_epochs == 1 else f"every_n_epochs={self.schedule.every_n_epochs}"),
              "on_mismatch": self.on_mismatch,
              "sync_stats": self.sync_stats, "statistics": self.statistics,
              "check_on_train_begin": bool(self.check_on_train_begin)},
-            type(self).__name__, self._gather_strategy(),
+            type(self).__name__,
         )
         self.schedule.steps = 0
         self.reports.clear()
@@ -166,20 +165,20 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     # --- the check ----------------------------------------------------------------------
     def _check(self, where: str, stats_only: bool = False) -> None:
         tracked = self._tracked_variables()
-        strategy = self._gather_strategy()
-        if tracked.replicas == 1 and not collective.spans_workers(strategy):
+        here = self._runtime()
+        if tracked.replicas == 1 and not here.spans_workers:
             self._record(SyncReport(where, (), ()))  # one copy of everything
             return
         local = tracked.fingerprints()
-        gathered = collective.all_gather(local.reshape(-1), strategy).reshape(-1, *local.shape)
+        gathered = here.all_gather(local.reshape(-1)).reshape(-1, *local.shape)
         found = differing_copies(gathered)
         if stats_only:
             found = [(v, c) for v, c in found if tracked.roles[v] == "statistic"]
         if not found:
             self._record(SyncReport(where, (), ()))
             return
-        references = {v: collective.broadcast(host_value(tracked.copies[v][0]), strategy) for v, _ in found}
-        diffs = self._differences(tracked, found, references, strategy)
+        references = {v: here.broadcast(tracked.host_value(tracked.copies[v][0])) for v, _ in found}
+        diffs = self._differences(tracked, found, references, here)
         records = [VariableMismatch(tracked.paths[v], tracked.roles[v], copies,
                                     tuple(float(diffs[w, i, r]) for w, r in copies))
                    for i, (v, copies) in enumerate(found)]
@@ -192,13 +191,13 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             self._act(report, tracked, found, references)
         if self.sync_stats and report.unsynced:
             self._average_statistics(tracked, [v for v, _ in found if tracked.roles[v] == "statistic"],
-                                     strategy)
+                                     here)
 
-    def _differences(self, tracked: Any, found: list, references: dict, strategy: Any) -> np.ndarray:
+    def _differences(self, tracked: Any, found: list, references: dict, here: Any) -> np.ndarray:
         """(workers, found variables, replicas) max |copy - reference|, the same on every worker."""
-        local = np.array([[_ws.max_abs_diff(host_value(copy), references[v]) for copy in tracked.copies[v]]
+        local = np.array([[_ws.max_abs_diff(tracked.host_value(copy), references[v]) for copy in tracked.copies[v]]
                           for v, _ in found], dtype=np.float64)
-        return collective.all_gather(local, strategy)
+        return here.all_gather(local)
 
     def _act(self, report: SyncReport, tracked: Any, found: list, references: dict) -> None:
         if self.on_mismatch == "raise":
@@ -207,25 +206,26 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             for v, _ in found:
                 if tracked.roles[v] != "statistic":
                     for copy in tracked.copies[v]:
-                        assign(copy, references[v])
-        if collective.is_chief():
+                        tracked.assign(copy, references[v])
+        if self._runtime().is_chief:
             logger.warning(_ws.mismatch_message(report, resynced=self.on_mismatch == "resync"))
 
     def _report_unsynced(self, report: SyncReport) -> None:
         first = "unsynced" not in self._said
         self._said.add("unsynced")
-        if collective.is_chief():
+        if self._runtime().is_chief:
             logger.log(logging.WARNING if first else logging.INFO,
                        _ws.unsynced_message(report, first, self.sync_stats))
 
-    def _average_statistics(self, tracked: Any, indices: list[int], strategy: Any) -> None:
+    def _average_statistics(self, tracked: Any, indices: list[int], here: Any) -> None:
         """Every copy of each statistic := its mean over all replicas of all workers (one collective)."""
-        sums = [np.sum([host_value(c).astype(np.float64) for c in tracked.copies[v]], axis=0) for v in indices]
-        gathered = collective.all_gather(np.concatenate([s.reshape(-1) for s in sums]), strategy)
+        sums = [np.sum([tracked.host_value(c).astype(np.float64) for c in tracked.copies[v]], axis=0)
+                for v in indices]
+        gathered = here.all_gather(np.concatenate([s.reshape(-1) for s in sums]))
         means = _ws.means_of_sums(gathered, len(tracked.copies[indices[0]]), [s.shape for s in sums])
         for v, mean in zip(indices, means, strict=True):
             for copy in tracked.copies[v]:
-                assign(copy, mean)
+                tracked.assign(copy, mean)
 
     def _record(self, report: SyncReport) -> None:
         self.last_report = report
@@ -241,17 +241,17 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         if self._tracked is None or self._tracked.key != key:
             self._tracked = _tracked_by_model.get(model)
             if self._tracked is None or self._tracked.key != key:
-                self._tracked = Tracked(model.distribute_strategy, variables, optimizer_vars,
-                                         self.statistics, key)
+                self._tracked = runtime.of(model).track(variables, optimizer_vars,
+                                                        self.statistics, key)
                 _tracked_by_model[model] = self._tracked
-            self._say_replicas(model.distribute_strategy.num_replicas_in_sync)
+            self._say_replicas(runtime.of(model).replicas_in_sync)
         return self._tracked
 
     def _say_replicas(self, replicas: int) -> None:
-        if replicas == 1 and "one replica" not in self._said and collective.is_chief():
+        if replicas == 1 and "one replica" not in self._said and self._runtime().is_chief:
             self._said.add("one replica")
-            logger.warning(_ws.one_replica_message(collective.num_workers()))
+            logger.warning(_ws.one_replica_message(self._runtime().num_workers))
 
-    def _gather_strategy(self) -> Any:
-        # The model's strategy, or the process's multi-worker one (never created here).
-        return collective.workers_strategy(self.model.distribute_strategy)
+    def _runtime(self) -> runtime.Runtime:
+        # The model's runtime, or the process's multi-worker one (never created here).
+        return runtime.of(self.model).across_workers()

@@ -20,7 +20,7 @@ from typing import Any
 
 import keras
 
-from keras_mgpu_plugins import collective
+from keras_mgpu_plugins import runtime
 from keras_mgpu_plugins.callbacks import _freq, events
 from keras_mgpu_plugins.integrations._wandb_artifacts import ArtifactQueue
 from keras_mgpu_plugins.integrations._wandb_job import (
@@ -132,13 +132,12 @@ class WandbLogger(keras.callbacks.Callback):
             events.subscribe(model, topic, listener)  # kept after fit: late events are reported
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        strategy = self.model.distribute_strategy
+        here = runtime.of(self.model)
         if self.mode == "group":
-            self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), strategy)
-        self._logs_here = self.mode == "group" or collective.is_chief(strategy)
+            self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), here)
+        self._logs_here = self.mode == "group" or here.is_chief
         # a failed wandb.init raises on every worker, naming the cause (none is left waiting)
-        collective.together(lambda: self._logs_here and self._open_run(strategy),
-                            "WandbLogger: wandb.init", strategy)
+        here.together(lambda: self._logs_here and self._open_run(here), "WandbLogger: wandb.init")
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._steps is not None:
@@ -171,10 +170,10 @@ class WandbLogger(keras.callbacks.Callback):
 
     # --- the run -----------------------------------------------------------------
 
-    def _open_run(self, strategy: Any) -> None:
+    def _open_run(self, here: runtime.Runtime) -> None:
         import wandb
 
-        recorded = job_config(self.model, strategy, self.mode)
+        recorded = job_config(here, self.mode)
         if wandb.run is not None:
             self.run, self._owns_run = wandb.run, False
             self.run.config.setdefaults(recorded)
@@ -182,7 +181,7 @@ class WandbLogger(keras.callbacks.Callback):
         else:
             kwargs = dict(self.init_kwargs, config={**recorded, **self.config})
             if self.mode == "group":
-                index = collective.worker_index()
+                index = here.worker_index
                 kwargs.update(group=self.group, name=worker_run_name(kwargs["name"], index))
             elif self.group is not None:
                 kwargs["group"] = self.group
@@ -195,7 +194,7 @@ class WandbLogger(keras.callbacks.Callback):
 
     def _record_batch_sizes(self, batches_done: int) -> None:
         self._sized = True
-        measured = measured_batch_sizes(self.model, batches_done)
+        measured = measured_batch_sizes(self.model, runtime.of(self.model), batches_done)
         self.run.config.setdefaults({k: v for k, v in measured.items() if k not in self.config})
 
     def _wait_or_drop(self, topic: str, payload: dict[str, Any]) -> bool:
@@ -217,7 +216,7 @@ class WandbLogger(keras.callbacks.Callback):
         self.run.log(dict(payload.get("metrics", {})), step=step)
 
     def _on_checkpoint(self, payload: dict[str, Any]) -> None:
-        if not self.log_checkpoints or not collective.is_chief():
+        if not self.log_checkpoints or not runtime.of(self.model).is_chief:
             return
         if not self._wait_or_drop("checkpoint_saved", payload):
             return

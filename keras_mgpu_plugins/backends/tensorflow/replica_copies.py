@@ -1,5 +1,7 @@
 """The variables `WeightSyncVerifier` checks, as TensorFlow holds them on this worker.
 
+Reached through `TensorFlowRuntime.track` (the callback imports no backend).
+
 `Tracked` lists the variables to check (by `_weight_sync.classify`), this
 worker's per-replica copies of each (`local_copies`) and their fingerprinter;
 `host_value` reads one copy, `assign` writes one (`"resync"`, `sync_stats`).
@@ -39,6 +41,16 @@ class Tracked:
         self.replicas = len(self.copies[0]) if self.copies else 1
         groups = [[copies[r] for copies in self.copies] for r in range(self.replicas)]
         self.fingerprints = fingerprint.make_fingerprinter(groups)
+
+    @staticmethod
+    def host_value(copy: Any) -> np.ndarray:
+        """One copy's value, on the host."""
+        return host_value(copy)
+
+    @staticmethod
+    def assign(copy: Any, value: np.ndarray) -> None:
+        """Writes `value` into one copy, on that copy's device."""
+        assign(copy, value)
 
 
 def local_copies(strategy: Any, variable: Any) -> tuple:

@@ -1,0 +1,1 @@
+"""The TensorFlow backend: `tf.distribute` strategies, their collectives and replica copies."""
