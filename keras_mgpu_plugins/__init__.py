@@ -13,7 +13,7 @@ from keras_mgpu_plugins.errors import WeightsOutOfSyncError
 from keras_mgpu_plugins.topology import Topology, TopologyError, topology
 
 if TYPE_CHECKING:  # pragma: no cover
-    from keras_mgpu_plugins import callbacks, collective, compat
+    from keras_mgpu_plugins import callbacks, collective, compat, runtime
     from keras_mgpu_plugins.devices import simulate_devices
     from keras_mgpu_plugins.launch import launch
     from keras_mgpu_plugins.model_parallel import PlacementReport, placement_report
@@ -33,6 +33,7 @@ __all__ = [
     "multi_gpu_model",
     "parallelize",
     "placement_report",
+    "runtime",
     "simulate_devices",
     "topology",
 ]
@@ -47,6 +48,7 @@ _LAZY = {
     "callbacks": ("keras_mgpu_plugins.callbacks", None),
     "collective": ("keras_mgpu_plugins.collective", None),
     "compat": ("keras_mgpu_plugins.compat", None),
+    "runtime": ("keras_mgpu_plugins.runtime", None),
 }
 
 
