@@ -6,26 +6,13 @@ Each scenario of `tests/fit_settings_scenarios.py` runs once under `"default"`
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
-from packaging.version import Version
 
 from keras_mgpu_plugins import _compat_patches, compat
 from tests import fit_settings_scenarios as s
 
 pytestmark = pytest.mark.timeout(300)
-
-#: The batch number Keras passes to `on_train_batch_end` under `steps_per_execution`, the
-#: same on one device and two: Keras 3.15 the execution's last step (begin +
-#: steps_per_execution - 1, the partial last one included), Keras 3.10 its first step (both
-#: run-tested; 3.11 taken as the first with the last step, keras-team/keras#21422).
-END_STEP = Version(keras.__version__) >= Version("3.11")
-
-
-def execution_batches(*begins: int) -> list[int]:
-    """The batch numbers of executions of 4 starting at `begins`, as the installed Keras gives."""
-    return [begin + 3 if END_STEP else begin for begin in begins]
 
 
 @pytest.fixture
@@ -58,7 +45,7 @@ def test_steps_per_execution_batch_hooks_see_executions_and_the_partial_last(ste
     one, two = steps_per_execution
     # 10 steps in executions of 4: one hook per execution, the partial last one included
     # (Keras 3.15 numbers it 11 on one device too: begin + steps_per_execution - 1).
-    assert two["train_batches"] == one["train_batches"] == execution_batches(0, 4, 8) * 2
+    assert two["train_batches"] == one["train_batches"] == s.execution_batches(0, 4, 8) * 2
     assert two["predict_batches"] == one["predict_batches"]
     assert two["saved"] == one["saved"] and two["saved"]  # integer save_freq at batch hooks
 
@@ -108,7 +95,7 @@ def test_mixed_precision_with_steps_per_execution_and_batch_hooks():
     two = s.mixed_precision_run("mirrored", steps_per_execution=4, batch_hooks=True, **LOUD)
     assert two["scale"] == one["scale"] < 32768.0
     np.testing.assert_allclose(two["history"]["loss"], one["history"]["loss"], rtol=1e-4)
-    assert two["train_batches"] == one["train_batches"] == execution_batches(0, 4) * 3
+    assert two["train_batches"] == one["train_batches"] == s.execution_batches(0, 4) * 3
     assert two["saved"] == one["saved"] and one["saved"]
 
 
