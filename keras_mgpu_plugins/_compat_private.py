@@ -8,11 +8,13 @@ applies the documented fallback or raises outside the known versions.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from keras_mgpu_plugins._compat_checks import source_has
 from keras_mgpu_plugins._keras_private import (
     IO_UTILS,
     LEGACY_H5,
@@ -40,6 +42,24 @@ def set_initial_epoch(model: Any, epoch: int) -> None:
         raise RuntimeError(f"{type(model).__name__} has no _initial_epoch: the restored "
                            f"epoch cannot be passed to fit with Keras {keras_version()}.")
     model._initial_epoch = epoch
+
+
+def checkpoint_reports_finished_saves() -> bool:
+    """Whether Keras's `ModelCheckpoint` prints "finished saving model to ..." after a save.
+
+    Keras 3.15 does (verbose > 0); Keras 3.10 does not. Read from the source of
+    the installed Keras's `ModelCheckpoint._save_model` (private use
+    `"model_checkpoint_hooks"`); where it cannot be read, the newer message.
+    """
+    return _reports_finished_saves(keras_version())
+
+
+@functools.cache
+def _reports_finished_saves(version: str) -> bool:
+    import keras
+
+    save = getattr(keras.callbacks.ModelCheckpoint, "_save_model", None)
+    return source_has(save, "finished saving model") is not False
 
 
 def keras_print_msg(message: str) -> None:

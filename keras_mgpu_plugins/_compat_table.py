@@ -61,9 +61,16 @@ from keras_mgpu_plugins._compat_trainer import (
 
 # Versions read from the released sources: `_maybe_symbolic_build` first appears
 # in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,
-# "auto" meant a sum with axis=None, which works). Run-tested with 2 workers on
-# Keras 3.10 (TensorFlow 2.16 to 2.19) and 3.15 (TensorFlow 2.21); older Keras is
-# refused for distribution anyway (`check_keras_for_distribution`).
+# "auto" meant a sum with axis=None, which works). Older Keras is refused for distribution
+# anyway (`check_keras_for_distribution`). Every patch below is run-tested on Keras 3.10 +
+# TensorFlow 2.16 and Keras 3.15 + TensorFlow 2.21: CI runs on both pairs (README.md, "Tested
+# versions") the tests that exercise each one and, for most, fail without it; those of the
+# multi-worker-only patches (py_dataset_pool_default_sigterm, release_iterators_off_thread,
+# full_batch_executions_skip_input_check: tests/multi_worker/test_fit_settings.py) run on the
+# oldest pair by hand, not in CI (there release_iterators_off_thread's test passed 2 runs of
+# 4: in the others no released iterator was destroyed within its 60 s wait, under a load
+# average of ~5 on 2 cores; not root-caused). The 2-worker fit tests also passed by hand
+# with Keras 3.10 on TensorFlow 2.17 to 2.19.
 WORKAROUNDS: tuple[Patch, ...] = (
     Patch(
         name="symbolic_build_per_replica_batch",
@@ -127,8 +134,8 @@ WORKAROUNDS: tuple[Patch, ...] = (
         symptom="mixed_float16 (LossScaleOptimizer) under a strategy: the loss scale collapses or weights become NaN when another replica's gradients overflow",
         wraps=("keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer._tf_apply", "keras.src.backend.tensorflow.optimizer.TFOptimizer._all_reduce_sum_gradients"),
     ),
-    # Both checked on Keras 3.15 only; applied from the first Keras kmp distributes with
-    # (MIN_KERAS_FOR_DISTRIBUTION). `jit_compile_per_replica` wraps whatever `_make_function`
+    # Both run-tested on Keras 3.10 and 3.15; applied from the first Keras kmp distributes
+    # with (MIN_KERAS_FOR_DISTRIBUTION). `jit_compile_per_replica` wraps whatever `_make_function`
     # is in force, so it comes after `steps_per_execution_under_distribution`.
     Patch(
         name="gradient_accumulation_under_distribution",
@@ -144,7 +151,7 @@ WORKAROUNDS: tuple[Patch, ...] = (
     # Wraps the accumulation patch's `_backend_apply_gradients` (it handles accumulation itself).
     # Clipping: no keras-team/keras issue found; tensorflow/tensorflow#33929 is the closest
     # (tf.keras refused clipping under a strategy for this reason). It also runs the EMA
-    # overwrite's cond cross-replica (no upstream issue found). Checked on Keras 3.15.
+    # overwrite's cond cross-replica (no upstream issue found). Run-tested on 3.10 and 3.15.
     Patch(
         name="clip_after_all_reduce",
         upstream="https://github.com/tensorflow/tensorflow/issues/33929",
@@ -172,7 +179,7 @@ WORKAROUNDS: tuple[Patch, ...] = (
         after=("loss_scale_global_finiteness",),
     ),
     # No upstream issue found (TensorFlow's preemption notifier's SIGTERM handler, inherited by
-    # Keras's forked PyDataset workers); the upstream field names the code. Checked on 3.15.
+    # Keras's forked PyDataset workers); the upstream field names the code. Keras 3.10, 3.15.
     Patch(
         name="py_dataset_pool_default_sigterm",
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/data_adapters/py_dataset_adapter.py",
@@ -186,7 +193,7 @@ WORKAROUNDS: tuple[Patch, ...] = (
     ),
     # No upstream issue found: destroying a used distributed iterator blocks the training
     # thread for 0.16-5 s (up to 15 s) per fit under MultiWorkerMirroredStrategy (5-10 ms on
-    # another thread); the upstream field names the code that drops it there. Keras 3.15.
+    # another thread); the upstream field names the code that drops it there. Keras 3.10, 3.15.
     Patch(
         name="release_iterators_off_thread",
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
@@ -200,8 +207,9 @@ WORKAROUNDS: tuple[Patch, ...] = (
     ),
     # No upstream issue found: TensorFlow's distributed iterators check across workers at
     # every fetch whether each still has input (one all-reduce per step), unless the dataset
-    # is infinite; the upstream field names that code. Run-tested on TensorFlow 2.21, Keras
-    # 3.15; `present` also checks the Keras side (`TFEpochIterator._get_iterator`).
+    # is infinite; the upstream field names that code. Run-tested on TensorFlow 2.16 (Keras
+    # 3.10) and 2.21 (Keras 3.15); `present` also checks the Keras side
+    # (`TFEpochIterator._get_iterator`).
     Patch(
         name="full_batch_executions_skip_input_check",
         upstream="https://github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/python/distribute/input_lib.py",
@@ -216,7 +224,8 @@ WORKAROUNDS: tuple[Patch, ...] = (
         after=("release_iterators_off_thread",),
     ),
     # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
-    # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras 3.15.
+    # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras
+    # 3.10 and 3.15.
     Patch(
         name="compile_in_model_strategy_scope",
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
@@ -256,8 +265,9 @@ WORKAROUNDS: tuple[Patch, ...] = (
     ),
     # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
     # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares
-    # its memory). Run-tested on TensorFlow 2.21 only; applied from the oldest TensorFlow this
-    # package supports while `FuncRegistry` still hands the caller's arrays over.
+    # its memory). Run-tested on TensorFlow 2.16 and 2.21 (fails without it on both); applied
+    # from the oldest TensorFlow this package supports while `FuncRegistry` still hands the
+    # caller's arrays over.
     Patch(
         name="numpy_function_owned_outputs",
         upstream="https://github.com/tensorflow/tensorflow/issues/59729",

@@ -8,7 +8,8 @@ naming what is missing or changed. `tests/unit/test_compat.py` runs every
 check and exercises every helper in a real `fit`, so a Keras upgrade that
 renames or reshapes one fails there first.
 
-Versions. Run-tested: Keras 3.15.1 only. The lower bounds come from reading
+Versions. Run-tested: Keras 3.10.0 (TensorFlow 2.16.2) and 3.15.1 (TensorFlow 2.21), both in
+CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading
 the sources of the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0,
 3.6.0, 3.9.0, 3.10.0, 3.11.0 and 3.12.0: `min_version` is the first of those
 with the names, signatures and calls the use needs. `max_version`

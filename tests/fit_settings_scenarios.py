@@ -17,6 +17,21 @@ import numpy as np
 ROWS, BATCH = 40, 4  # 10 steps an epoch: steps_per_execution=4 ends with a partial execution
 
 
+def execution_batches(*begins: int, steps_per_execution: int = 4) -> list[int]:
+    """The batch numbers `on_train_batch_end` gets for executions starting at `begins`.
+
+    The installed Keras's numbering, the same on one device, 2 devices and 2 workers:
+    Keras 3.15 passes an execution's last step (begin + steps_per_execution - 1, the
+    partial last one included), Keras 3.10 its first (both run-tested; 3.11 taken as the
+    first with the last step, keras-team/keras#21422).
+    """
+    import keras
+    from packaging.version import Version
+
+    last = Version(keras.__version__) >= Version("3.11")
+    return [begin + steps_per_execution - 1 if last else begin for begin in begins]
+
+
 def make_data(rows=ROWS, seed=7):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows, 5)).astype("float32")

@@ -272,7 +272,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         _atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
 
     def _saved(self, record: dict[str, Any]) -> None:
-        if self.verbose > 0:
+        if self.verbose > 0 and compat.checkpoint_reports_finished_saves():  # as Keras prints
             compat.keras_print_msg(
                 f"\nEpoch {record['epoch'] + 1}: finished saving model to {record['path']}"
             )
