@@ -50,6 +50,14 @@ _warned_patches: set[str] = set()
 #: wrapping them (`Patch.after`; `_compat_record.order_problems` checks it).
 PATCHES: tuple[Patch, ...] = WORKAROUNDS + FEATURES
 _FEATURE_NAMES = frozenset(patch.name for patch in FEATURES)
+#: Every record kmp declares, by name. The order (`after`) is read from these, so that a
+#: table narrowed to fewer patches (a test proving one is needed) keeps the declared order.
+_DECLARED = {patch.name: patch for patch in PATCHES}
+
+
+def _by_name() -> dict[str, Patch]:
+    """The records in force by name: the table's, over every declared one."""
+    return {**_DECLARED, **{patch.name: patch for patch in PATCHES}}
 
 
 #: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
@@ -161,6 +169,8 @@ def apply(name: str, *args: Any) -> bool:
         KeyError: For a name that is no patch.
     """
     patch = _record(name)
+    if patch is None:
+        return False
     with _lock:
         _apply_all([patch] if name not in _applied else [], args)
         return name in _applied
@@ -178,6 +188,8 @@ def apply_to(name: str, obj: Any, *args: Any) -> bool:
             does not declare that it wraps it.
     """
     patch = _record(name)
+    if patch is None:
+        return False
     with _lock:
         _apply_all([patch], args, obj=obj)
         return name in _compat_instances.applied_on(obj)
@@ -189,7 +201,7 @@ def remove(name: str) -> None:
     Raises:
         RuntimeError: If a patch applied after it wraps what it replaced.
     """
-    by_name = {p.name: p for p in PATCHES}
+    by_name = _by_name()
     with _lock:
         if name not in _applied:
             return
@@ -209,17 +221,20 @@ def remove_from(name: str, obj: Any) -> None:
         _compat_instances.remove_from(name, obj)
 
 
-def _record(name: str) -> Patch:
+def _record(name: str) -> Patch | None:
+    """The table's record `name`; `None` for a declared one left out of the table."""
     for patch in PATCHES:
         if patch.name == name:
             return patch
+    if name in _DECLARED:
+        return None
     raise KeyError(f"kmp.compat has no patch named {name!r}; known: "
                    f"{', '.join(p.name for p in PATCHES)}")
 
 
 def _install(patch: Patch, args: tuple) -> None:
     """Applies `patch` inside every patch in force declared to wrap it; under `_lock`."""
-    by_name = {p.name: p for p in PATCHES}
+    by_name = _by_name()
     names = list(_applied)
     sharing = [n for n in names if n in by_name and shared(by_name[n], patch)]
     outer = [n for n in sharing if must_wrap(by_name[n], patch, by_name)]
@@ -244,7 +259,7 @@ def _apply_all(patches: list[Patch], args: tuple = (), obj: Any = None) -> None:
     notes = []
     for patch, action, why in plan:
         if action == "apply" and patch.per_instance:
-            _compat_instances.install_on(patch, obj, args, {p.name: p for p in PATCHES})
+            _compat_instances.install_on(patch, obj, args, _by_name())
         elif action == "apply":
             _install(patch, args)
         if why:
