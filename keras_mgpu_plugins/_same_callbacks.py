@@ -96,16 +96,16 @@ def install() -> None:
     strategy is unchanged. Applies the registered patch
     `same_callbacks_on_every_worker` (`kmp.compat.PATCHES`).
     """
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry
 
-    _compat_patches.apply("same_callbacks_on_every_worker")
+    _registry.apply("same_callbacks_on_every_worker")
 
 
 def wrap_fit() -> Any:
     """The patch itself: wraps `keras.Model.fit`; returns the undo."""
     import keras
 
-    from keras_mgpu_plugins._compat_record import replace
+    from keras_mgpu_plugins.compat._record import replace
 
     original = keras.Model.fit
     signature = inspect.signature(original)

@@ -49,16 +49,16 @@ def install() -> None:
     (`kmp.compat.PATCHES`; `unpatch_keras()` undoes it). Read at each call, so a
     process that is not (yet) part of a multi-worker job is unaffected.
     """
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry
 
-    _compat_patches.apply("chief_only_progress_bars")
+    _registry.apply("chief_only_progress_bars")
 
 
 def wrap_model_methods() -> Callable[[], None]:
     """The patch itself: wraps the three methods; returns the undo."""
     import keras
 
-    from keras_mgpu_plugins._compat_record import replace
+    from keras_mgpu_plugins.compat._record import replace
 
     undo = [replace(keras.Model, name, _quiet_on_other_workers(getattr(keras.Model, name)))
             for name in ("fit", "evaluate", "predict")]

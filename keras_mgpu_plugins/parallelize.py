@@ -221,11 +221,12 @@ def _patch_if_distributing(active: Any) -> None:
 def _sum_duplicate_slices(model: Any) -> None:
     """Sparse gradients are summed per row on one device too, as on N (`kmp.compat` patch
     `sum_duplicate_sparse_gradient_rows`): one device and N devices then train alike."""
-    from keras_mgpu_plugins import _compat_optim, _compat_patches
+    from keras_mgpu_plugins.backends.tensorflow.patches import optimizer as optimizer_patches
+    from keras_mgpu_plugins.compat import _registry
 
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and _compat_patches.patch_one("sum_duplicate_sparse_gradient_rows"):
-        _compat_optim.mark_sums_duplicate_slices(optimizer)
+    if optimizer is not None and _registry.patch_one("sum_duplicate_sparse_gradient_rows"):
+        optimizer_patches.mark_sums_duplicate_slices(optimizer)
 
 
 def _synchronize_batchnorm(model: Any) -> None:

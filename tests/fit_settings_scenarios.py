@@ -468,7 +468,7 @@ def full_batch_executions_run(strategy):
     against 9 and a partial one: as many steps), whose claims must agree.
     """
     import keras_mgpu_plugins as kmp
-    from keras_mgpu_plugins import _compat_trainer
+    from keras_mgpu_plugins.backends.tensorflow.patches import trainer as _compat_trainer
 
     claims = []
     claim = _compat_trainer.claim_full_batches

@@ -6,7 +6,7 @@
   `OMP_NUM_THREADS`: otherwise every worker sizes its pools to the whole host
   and the workers' threads fight over the same cores.
 - glibc's `top_pad` for TensorFlow's page faults under several workers
-  (`_compat_env`, a TensorFlow workaround), for every worker.
+  (`compat._env`, a TensorFlow workaround), for every worker.
 
 A variable the user set (in the launcher's environment or `env=`) is left as it is.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from keras_mgpu_plugins import _compat_env
+from keras_mgpu_plugins.compat import _env
 
 THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
@@ -31,7 +31,7 @@ def usable_cpus() -> int:
 def worker_tuning(environ: Mapping[str, str], num_workers: int,
                   cpus: int | None = None) -> dict[str, str]:
     """The variables to add to the environment of `num_workers` local workers."""
-    extra = _compat_env.allocator_environ(environ)
+    extra = _env.allocator_environ(environ)
     if num_workers > 1:
         share = str(max(1, (usable_cpus() if cpus is None else cpus) // num_workers))
         extra.update({name: share for name in THREAD_VARS if name not in environ})

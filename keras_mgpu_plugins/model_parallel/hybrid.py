@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import _compat_graph as private
 from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
 from keras_mgpu_plugins.model_parallel import devices as _devices
 from keras_mgpu_plugins.model_parallel import factory
 from keras_mgpu_plugins.model_parallel.placement import Plan

@@ -22,8 +22,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from keras_mgpu_plugins import _compat_graph as private
 from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
 
 logger = logging.getLogger("keras_mgpu_plugins")
 

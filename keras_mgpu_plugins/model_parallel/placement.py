@@ -14,7 +14,7 @@ Three sources of a call node's device, in this order:
 
 `apply()` then (a) re-creates each layer's variables on the device of its first call (same
 names and paths: checkpoints do not change), (b) makes the model's graph run every node under
-its device (the hook in `_compat_graph.hook_graph_run`), and (c) for subclassed models, wraps
+its device (the hook in `patches.functional_graph.hook_graph_run`), and (c) for subclassed models, wraps
 the matched layers' own `call` and `build` in their device scope.
 """
 
@@ -27,8 +27,8 @@ import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from keras_mgpu_plugins import _compat_graph as private
 from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
 from keras_mgpu_plugins.model_parallel import costs as _costs
 from keras_mgpu_plugins.model_parallel import devices as _devices
 from keras_mgpu_plugins.model_parallel.balance import split_contiguous

@@ -50,7 +50,7 @@ def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
     released): the patch's saving is real. Fails once upstream skips it for a built model."""
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry as _compat_patches
 
     assert "symbolic_build_per_replica_batch" in compat.patch_keras()
     undo = _compat_patches._applied["symbolic_build_per_replica_batch"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins import _compat_patches, compat
+from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.compat import _registry as _compat_patches
 from tests import fit_settings_scenarios as s
 
 pytestmark = pytest.mark.timeout(300)
@@ -113,7 +114,7 @@ def test_mixed_precision_overflow_of_the_global_batch_only_skips_the_step_as_one
 def test_only_gradients_computed_in_float16_are_judged_by_the_float16_range():
     import tensorflow as tf
 
-    from keras_mgpu_plugins._compat_loss_scale import fits_float16
+    from keras_mgpu_plugins.backends.tensorflow.patches.loss_scale import fits_float16
 
     @tf.function
     def judge(float16, reduced):  # the gradient as a replica computed it, then the all-reduced one

@@ -132,7 +132,7 @@ def test_a_model_with_its_own_train_step_keeps_it(caplog):
 
 
 def test_unscoped_calls_build_their_variables_on_the_staging_device():
-    from keras_mgpu_plugins import _compat_graph as private
+    from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
     from keras_mgpu_plugins.model_parallel import placement
 
     assert placement.staging_device() is None  # no GPU here: TensorFlow's default device
@@ -184,7 +184,7 @@ def test_staged_variables_that_no_pattern_places_go_to_the_first_device(monkeypa
 
 
 def test_balance_weighs_parameters_optimizer_slots_and_activations():
-    from keras_mgpu_plugins import _compat_graph as private
+    from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
     from keras_mgpu_plugins.model_parallel import costs
     from keras_mgpu_plugins.model_parallel.placement import Call
 

@@ -161,7 +161,7 @@ def test_an_unchecked_keras_is_refused_before_the_first_distributed_fit(monkeypa
     switch set it trains, after one warning."""
     import keras
 
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry as _compat_patches
 
     kmp.compat.unpatch_keras()
     monkeypatch.setattr(_compat_patches, "_warned_patches", set())

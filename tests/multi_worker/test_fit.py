@@ -227,7 +227,7 @@ def fit_under_own_strategy():
     import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry as _compat_patches
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     assert not _compat_patches._applied  # nothing has patched Keras in this worker yet

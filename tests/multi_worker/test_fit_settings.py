@@ -119,7 +119,7 @@ def test_used_iterators_are_destroyed_off_the_training_thread(workers):
     """Destroying a used distributed iterator blocked the training thread for 0.24-15 s per
     fit on 2 workers; kmp's release thread destroys each once its fit has returned (and
     every one is destroyed: none leaks, none is stuck behind an earlier scenario's)."""
-    from keras_mgpu_plugins._compat_iterators import REAPER_NAME
+    from keras_mgpu_plugins.backends.tensorflow.patches.iterators import REAPER_NAME
 
     for worker in workers:
         threads, made = worker["iterator_release"]

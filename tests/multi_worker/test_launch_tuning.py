@@ -12,7 +12,7 @@ import os
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins import _compat_env
+from keras_mgpu_plugins.compat import _env as _compat_env
 from keras_mgpu_plugins.launch._tuning import usable_cpus
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.timeout(300)]

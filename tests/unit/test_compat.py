@@ -4,8 +4,8 @@ Each `compat.PRIVATE_USES` entry is checked (names, signatures, calls) and
 exercised in a real `fit` or save with the installed Keras, so a Keras upgrade
 that renames or reshapes one fails here first, with the name of what changed.
 The version policy (`compat.require`) is tested by pretending other versions.
-The last tests scan the package: no module but `compat` (and its private
-`_compat_*` / `_keras_private` modules) reaches into Keras.
+The last tests scan the package: no module but those of `compat/` and
+`backends/tensorflow/patches/` reaches into Keras or TensorFlow internals.
 """
 
 from __future__ import annotations
@@ -24,11 +24,18 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins import _compat_patches, _keras_private, compat
+from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.callbacks import BackupAndRestore, ModelCheckpoint
+from keras_mgpu_plugins.compat import _private_uses as _keras_private
+from keras_mgpu_plugins.compat import _registry as _compat_patches
 
 PACKAGE = pathlib.Path(kmp.__file__).parent
-COMPAT_FILES = {"compat.py", "_keras_private.py"}  # and every _compat_*.py
+#: Where the package may touch Keras/TensorFlow internals: the registry and the patches.
+COMPAT_DIRS = (PACKAGE / "compat", PACKAGE / "backends" / "tensorflow" / "patches")
+
+
+def in_compat(path: pathlib.Path) -> bool:
+    return any(folder in path.parents for folder in COMPAT_DIRS)
 
 
 @pytest.fixture(autouse=True)
@@ -565,8 +572,7 @@ ALLOWED_ELSEWHERE: set[tuple[str, str]] = set()
 
 
 def package_files():
-    return [p for p in PACKAGE.rglob("*.py")
-            if p.name not in COMPAT_FILES and not p.name.startswith("_compat_")]
+    return [p for p in PACKAGE.rglob("*.py") if not in_compat(p)]
 
 
 #: What is private in TensorFlow and Keras: their implementation packages, and
@@ -602,8 +608,7 @@ def test_every_internal_compat_touches_is_registered():
     is named by a registered record: a `PrivateUse` (`touches`) or a `Patch` (`wraps`)."""
     known = " ".join([u.touches for u in compat.PRIVATE_USES]
                      + [w for p in compat.PATCHES for w in p.wraps]).replace("tf.", "tensorflow.")
-    compat_files = [p for p in PACKAGE.glob("*.py")
-                    if p.name in COMPAT_FILES or p.name.startswith("_compat_")]
+    compat_files = [p for p in PACKAGE.rglob("*.py") if in_compat(p)]
     unregistered = {(path.name, name) for path in compat_files for name in private_names(path)
                     if name not in known}
     assert unregistered == set()
@@ -667,7 +672,7 @@ def test_use_model_parallel_graph():
     """The graph hook places each node's call; move_variable keeps path and value."""
     import tensorflow as tf
 
-    from keras_mgpu_plugins import _compat_graph as private
+    from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
 
     assert private.require("model_parallel_graph")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="a"),
@@ -749,7 +754,7 @@ def test_use_eager_context():
     """The device scope read from TensorFlow's eager context, and this process's task."""
     import tensorflow as tf
 
-    from keras_mgpu_plugins import _compat_graph
+    from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as _compat_graph
 
     with tf.device("/device:CPU:0"):
         assert _compat_graph.current_device().endswith("CPU:0")

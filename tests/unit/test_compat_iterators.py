@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from keras_mgpu_plugins import _compat_iterators as ci
+from keras_mgpu_plugins.backends.tensorflow.patches import iterators as ci
 
 
 class Resource:

@@ -16,9 +16,11 @@ import keras
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins import _compat_index, _compat_patches, compat
-from keras_mgpu_plugins._compat_checks import resolve
-from keras_mgpu_plugins._compat_record import Patch, order_problems
+from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.compat import _index as _compat_index
+from keras_mgpu_plugins.compat import _registry as _compat_patches
+from keras_mgpu_plugins.compat._checks import resolve
+from keras_mgpu_plugins.compat._record import Patch, order_problems
 
 PAGE = pathlib.Path(kmp.__file__).parent.parent / "docs" / "troubleshooting.md"
 
@@ -201,9 +203,9 @@ def test_a_feature_outside_its_range_follows_the_same_version_policy(clean, monk
 
 def test_the_troubleshooting_index_is_the_one_the_registry_renders():
     page = PAGE.read_text()
-    assert _compat_index.BEGIN in page, "run python -m keras_mgpu_plugins._compat_index"
+    assert _compat_index.BEGIN in page, "run python -m keras_mgpu_plugins.compat._index"
     assert _compat_index.render_into(page) == page, (
         "docs/troubleshooting.md's symptom index is stale: run "
-        "python -m keras_mgpu_plugins._compat_index")
+        "python -m keras_mgpu_plugins.compat._index")
     for p in compat.PATCHES:
         assert f"| `{p.name}` |" in page

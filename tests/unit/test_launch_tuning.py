@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keras_mgpu_plugins import _compat_env
+from keras_mgpu_plugins.compat import _env as _compat_env
 from keras_mgpu_plugins.launch._tuning import THREAD_VARS, usable_cpus, worker_tuning
 
 KNOWN_TF = "2.21.0"

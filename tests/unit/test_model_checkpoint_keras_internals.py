@@ -19,9 +19,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins import _keras_private
 from keras_mgpu_plugins.callbacks import _checkpoint_io
 from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
+from keras_mgpu_plugins.compat import _private_uses as _keras_private
 
 
 def params(fn):

@@ -16,7 +16,7 @@ API names it). Known for TensorFlow 2.16 to 2.21 (`Context.host_address_space`).
 
 from __future__ import annotations
 
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.compat._private_uses import require
 
 __all__ = ["collective_ops_configured", "this_task"]
 

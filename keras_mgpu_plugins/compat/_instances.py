@@ -14,7 +14,7 @@ import itertools
 import weakref
 from typing import Any
 
-from keras_mgpu_plugins._compat_record import Patch, must_wrap
+from keras_mgpu_plugins.compat._record import Patch, must_wrap
 
 #: Where an object keeps its entries: (patch name, attribute, what it replaced, what it set,
 #: which application).

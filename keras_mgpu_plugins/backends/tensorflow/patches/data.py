@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
+from keras_mgpu_plugins.compat._checks import source_has
 
 
 def patch_py_dataset_pool_sigterm() -> Any:

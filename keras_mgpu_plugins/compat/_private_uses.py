@@ -2,7 +2,7 @@
 
 `keras_mgpu_plugins.compat` and its `_compat_*` modules are the only ones that
 touch Keras internals; each helper names here the `PrivateUse` it relies on and
-calls `require(name)` first. The checks themselves live in `_compat_checks`. A `PrivateUse` records the Keras names relied on, what
+calls `require(name)` first. The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied on, what
 in this package needs them, the Keras versions it is known for, and a `check`
 naming what is missing or changed. `tests/unit/test_compat.py` runs every
 check and exercises every helper in a real `fit`, so a Keras upgrade that
@@ -30,8 +30,8 @@ import dataclasses
 import warnings
 from collections.abc import Callable
 
-from keras_mgpu_plugins import _compat_checks as checks
-from keras_mgpu_plugins._compat_checks import (
+from keras_mgpu_plugins.compat import _checks as checks
+from keras_mgpu_plugins.compat._checks import (
     IO_UTILS,
     KERAS_HOOK_CALLS,
     KERAS_PRIVATE_HOOKS,

@@ -1,7 +1,7 @@
 """The checks behind `PRIVATE_USES` and `PATCHES`: what Keras still has, by name, signature, source.
 
 Each function returns what is missing or changed (an empty list when all is
-there), so `_keras_private.require` can name it. `KERAS_PRIVATE_HOOKS` and
+there), so `compat._private_uses.require` can name it. `KERAS_PRIVATE_HOOKS` and
 `KERAS_HOOK_CALLS` declare the private methods our Keras subclasses override
 or call; `tests/unit/test_compat.py` checks no subclass uses any other.
 """

@@ -1,10 +1,10 @@
 """The `Patch` record: one change kmp makes to Keras/TensorFlow behaviour, and its order rules.
 
-Every such change is a `Patch` in `_compat_patches.PATCHES`: the workarounds of
-upstream bugs (`kind="workaround"`, the table in `_compat_table`, applied by
+Every such change is a `Patch` in `compat._registry.PATCHES`: the workarounds of
+upstream bugs (`kind="workaround"`, the table in `compat._table`, applied by
 `patch_keras()`) and the changes kmp's own features install (`kind="feature"`,
-`_compat_features`, applied where the feature needs them through
-`_compat_patches.apply` / `apply_to`). Each names what it replaces (`wraps`),
+`compat._features`, applied where the feature needs them through
+`compat._registry.apply` / `apply_to`). Each names what it replaces (`wraps`),
 and a patch that wraps an attribute another patch also wraps names that one in
 `after` (it must wrap it): `order_problems` checks every pair, and applying
 keeps that order whatever order the calls come in.
@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import version_checked
+from keras_mgpu_plugins.compat._checks import version_checked
 
 LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow"}
 

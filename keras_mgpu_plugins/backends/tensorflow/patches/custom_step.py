@@ -1,6 +1,6 @@
 """Keras patches for models with their own `train_step` under a distributing strategy.
 
-Two records of the `PATCHES` table (`_compat_patches`): a `Model` subclass
+Two records of the `PATCHES` table (`compat._registry`): a `Model` subclass
 without `call()` is built by its step as on one device, and the log values a
 step returns that are losses Keras scaled by 1/replicas for the gradient sum
 are unscaled per replica, so the logs are one device's.
@@ -12,8 +12,8 @@ import warnings
 import weakref
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_trainer import distributing, strategy_name
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing, strategy_name
+from keras_mgpu_plugins.compat._checks import source_has
 
 # --- keras-team/keras#21800: the distributed symbolic build calls the model ---------
 

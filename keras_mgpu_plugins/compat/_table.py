@@ -5,25 +5,13 @@ TensorFlow bug, TensorFlow) versions it is known for (it is applied only
 there), the symptom it fixes, what it replaces and which patch it must wrap,
 and is tested by a real run that fails without it (`tests/multi_worker/test_fit.py`,
 `tests/multi_device/test_fit_settings.py`). The patches themselves live in
-`_compat_trainer`, `_compat_loss_scale`, `_compat_fit`, `_compat_optim`,
-`_compat_data`, `_compat_iterators`, `_compat_input_check` and `_compat_custom_step`.
+`patches.trainer`, `patches.loss_scale`, `patches.compile_settings`, `patches.optimizer`,
+`patches.data`, `patches.iterators`, `patches.input_check` and `patches.custom_step`.
 """
 
 from __future__ import annotations
 
-from keras_mgpu_plugins._compat_custom_step import (
-    losses_scaled_for_distribution,
-    patch_build_without_call,
-    patch_scaled_loss_logs,
-    symbolic_build_calls_the_model,
-)
-from keras_mgpu_plugins._compat_data import (
-    numpy_function_aliases_outputs,
-    patch_numpy_function_owned_outputs,
-    patch_py_dataset_pool_sigterm,
-    pool_initializer_keeps_sigterm,
-)
-from keras_mgpu_plugins._compat_fit import (
+from keras_mgpu_plugins.backends.tensorflow.patches.compile_settings import (
     accumulation_merges_inside_cond,
     compile_makes_loss_tracker_in_current_scope,
     jit_compiles_the_distributed_step,
@@ -31,26 +19,37 @@ from keras_mgpu_plugins._compat_fit import (
     patch_gradient_accumulation,
     patch_jit_compile,
 )
-from keras_mgpu_plugins._compat_input_check import (
+from keras_mgpu_plugins.backends.tensorflow.patches.custom_step import (
+    losses_scaled_for_distribution,
+    patch_build_without_call,
+    patch_scaled_loss_logs,
+    symbolic_build_calls_the_model,
+)
+from keras_mgpu_plugins.backends.tensorflow.patches.data import (
+    numpy_function_aliases_outputs,
+    patch_numpy_function_owned_outputs,
+    patch_py_dataset_pool_sigterm,
+    pool_initializer_keeps_sigterm,
+)
+from keras_mgpu_plugins.backends.tensorflow.patches.input_check import (
     checks_input_every_step,
     patch_full_batch_executions,
 )
-from keras_mgpu_plugins._compat_iterators import (
+from keras_mgpu_plugins.backends.tensorflow.patches.iterators import (
     keeps_iterator_on_training_thread,
     patch_release_iterators_off_thread,
 )
-from keras_mgpu_plugins._compat_loss_scale import (
+from keras_mgpu_plugins.backends.tensorflow.patches.loss_scale import (
     loss_scale_takes_first_replica,
     patch_loss_scale_finiteness,
 )
-from keras_mgpu_plugins._compat_optim import (
+from keras_mgpu_plugins.backends.tensorflow.patches.optimizer import (
     clips_before_all_reduce,
     keeps_duplicate_slices,
     patch_clip_after_all_reduce,
     patch_sum_duplicate_slices,
 )
-from keras_mgpu_plugins._compat_record import Patch
-from keras_mgpu_plugins._compat_trainer import (
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import (
     multi_step_conds_the_step,
     patch_reduce_per_replica,
     patch_steps_per_execution,
@@ -58,6 +57,7 @@ from keras_mgpu_plugins._compat_trainer import (
     reduce_per_replica_uses_axis_0,
     symbolic_build_reduces_batch,
 )
+from keras_mgpu_plugins.compat._record import Patch
 
 # Versions read from the released sources: `_maybe_symbolic_build` first appears
 # in 3.5.0; the multi-worker "mean" branch with axis=0 in 3.3.0 (before it,

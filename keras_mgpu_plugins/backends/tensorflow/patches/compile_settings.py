@@ -15,9 +15,9 @@ import functools
 import threading
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_optim import clips, overwrite_with_ema
-from keras_mgpu_plugins._compat_trainer import distributing
+from keras_mgpu_plugins.backends.tensorflow.patches.optimizer import clips, overwrite_with_ema
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing
+from keras_mgpu_plugins.compat._checks import source_has
 
 # --- gradient_accumulation_steps: the update's merge_call runs inside a replica-context cond ---
 
@@ -42,7 +42,7 @@ def patch_gradient_accumulation() -> Any:
     accumulating the same global micro-batches. With clipping set, each
     micro-batch's gradients are all-reduced first (the accumulators then hold
     global sums) so that the global update is clipped, not each replica's share;
-    the EMA overwrite's `cond` runs cross-replica (`_compat_optim`).
+    the EMA overwrite's `cond` runs cross-replica (`patches.optimizer`).
     """
     import tensorflow as tf
     from keras.src import backend
@@ -151,7 +151,9 @@ def patch_jit_compile() -> Any:
         if (self.run_eagerly or self.jit_compile is not True
                 or not distributing(self.distribute_strategy)):
             return original(self, step_function)
-        from keras_mgpu_plugins._compat_trainer import refuse_unsupported_settings
+        from keras_mgpu_plugins.backends.tensorflow.patches.trainer import (
+            refuse_unsupported_settings,
+        )
 
         refuse_unsupported_settings(self)
         self._jit_compile = False  # upstream's function around strategy.run: no XLA

@@ -29,7 +29,7 @@ import importlib.metadata
 import platform
 from collections.abc import Mapping
 
-from keras_mgpu_plugins._compat_checks import version_checked
+from keras_mgpu_plugins.compat._checks import version_checked
 
 #: TensorFlow versions this is known for (run-tested on 2.21), max exclusive.
 MIN_TENSORFLOW = "2.16.0"

@@ -1,18 +1,21 @@
 """Keras patches to the TensorFlow trainer: multi-worker build and logs, steps_per_execution.
 
 Each `patch_*` function applies one workaround and returns its undo; the
-check after it says whether the installed Keras still has the code it fixes. The `PATCHES` table (`_compat_patches`) names their upstream issues and
+check after it says whether the installed Keras still has the code it fixes. The `PATCHES` table (`compat._registry`) names their upstream issues and
 Keras versions. `distributing` and `refuse_unsupported_settings` are also used
-by `parallelize` and the patches of `_compat_loss_scale` and `_compat_fit`.
+by `parallelize` and the patches of `patches.loss_scale` and `patches.compile_settings`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_input_check import claim_full_batches, fetch_full_batch
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.backends.tensorflow.patches.input_check import (
+    claim_full_batches,
+    fetch_full_batch,
+)
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._private_uses import require
 
 # --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
 
@@ -163,13 +166,13 @@ def refuse_unsupported_settings(model: Any) -> None:
             (`mixed_float16`): float16 overflows in other micro-batches than on
             one device. For `jit_compile=True` with a model that overrides
             `train_step`: XLA compiles each replica's Keras `train_step` with
-            the optimizer's update deferred until after it (`_compat_fit`), which
+            the optimizer's update deferred until after it (`patches.compile_settings`), which
             a custom step may rely on (e.g. metrics of the updated weights); and
             with a synchronized BatchNormalization (no collective runs in XLA).
     """
     from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    from keras_mgpu_plugins._compat_private import all_layers
+    from keras_mgpu_plugins.compat._private import all_layers
 
     strategy = strategy_name(model.distribute_strategy)
     inner = getattr(getattr(model, "optimizer", None), "inner_optimizer", None)
@@ -228,7 +231,7 @@ def patch_steps_per_execution() -> Any:
 
     An execution whose inputs are all full batches of arrays on several workers
     fetches them without TensorFlow's per-step cross-worker input check
-    (`_compat_input_check`, its own patch: without it, every execution checks).
+    (`patches.input_check`, its own patch: without it, every execution checks).
     """
     import tensorflow as tf
     from keras.src.backend.tensorflow import trainer as tf_trainer
@@ -287,7 +290,7 @@ def patch_steps_per_execution() -> Any:
                                reduce_retracing=True)
 
         multi_step = steps_on_iterator(lambda iterator: iterator.get_next_as_optional())
-        # Executions of full batches only, on several workers (`_compat_input_check`).
+        # Executions of full batches only, on several workers (`patches.input_check`).
         full_batch_steps = steps_on_iterator(fetch_full_batch)
         reduce_logs = tf.function(  # once per execution, on every worker: has_value agrees
             lambda outputs: tf_trainer.reduce_per_replica(outputs, strategy, reduction="auto"),

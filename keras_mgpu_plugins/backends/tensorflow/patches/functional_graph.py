@@ -4,7 +4,7 @@ Keras 3 on TensorFlow re-runs a functional graph without the device scopes its
 layers were called under (DESIGN.md, "Model parallelism on the TensorFlow
 backend"): placing each call node needs the graph's nodes and the hook that
 runs them. Callers check `require("model_parallel_graph")` (the private use in
-`_keras_private`, re-exported here) before using these.
+`compat._private_uses`, re-exported here) before using these.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.compat._private_uses import require
 
 __all__ = [
     "call_has_training_arg", "call_index", "call_nodes", "compute_loss", "current_device",
@@ -65,9 +65,9 @@ def hook_graph_run(graph: Any, make_operation_fn: Callable[[Any], Any]) -> None:
     `make_operation_fn` gets Keras's own `operation_fn` for this run and returns the
     replacement, which is called once per node in `call_nodes` order.
     """
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry
 
-    _compat_patches.apply_to("placed_graph_run", graph, make_operation_fn)
+    _registry.apply_to("placed_graph_run", graph, make_operation_fn)
 
 
 def set_graph_run(graph: Any, make_operation_fn: Callable[[Any], Any]) -> None:

@@ -2,7 +2,7 @@
 
 The rest of the package touches no Keras internal: it calls these (through
 `kmp.compat`). Each one calls `require(name)` for the `PrivateUse` it relies on
-(`_keras_private.PRIVATE_USES`), which checks that Keras still has it and
+(`compat._private_uses.PRIVATE_USES`), which checks that Keras still has it and
 applies the documented fallback or raises outside the known versions.
 """
 
@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._keras_private import (
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._private_uses import (
     IO_UTILS,
     LEGACY_H5,
     SAVING_LIB,
@@ -109,11 +109,11 @@ def hide_from_progbar(model: Any, keys: Callable[[], Iterable[str]]) -> Callable
     history = getattr(model, "history", None)
     if not isinstance(history, keras.callbacks.History) or not require("progbar_after_history"):
         return None
-    from keras_mgpu_plugins import _compat_patches
+    from keras_mgpu_plugins.compat import _registry
 
-    if not _compat_patches.apply_to("progbar_hidden_keys", history, keys):
+    if not _registry.apply_to("progbar_hidden_keys", history, keys):
         return None
-    return lambda: _compat_patches.remove_from("progbar_hidden_keys", history)
+    return lambda: _registry.remove_from("progbar_hidden_keys", history)
 
 
 def wrap_history_epoch_end(history: Any, keys: Callable[[], Iterable[str]]) -> None:

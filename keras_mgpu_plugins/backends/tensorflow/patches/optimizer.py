@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_trainer import distributing
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._private_uses import require
 
 
 def clips(optimizer: Any) -> bool:

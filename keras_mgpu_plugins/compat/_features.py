@@ -1,8 +1,8 @@
 """The changes kmp's own features make to Keras objects: `FEATURES`, applied where each is needed.
 
-Unlike the workarounds (`_compat_table`), these fix no upstream bug: each is a
+Unlike the workarounds (`compat._table`), these fix no upstream bug: each is a
 kmp feature installed by wrapping a Keras method, at the moment named by
-`when`, through `_compat_patches.apply` (a class or module) or `apply_to` (one
+`when`, through `compat._registry.apply` (a class or module) or `apply_to` (one
 object). They are registered so that one table says everything kmp changes,
 in what order two wrappers of one method run, and `unpatch_keras()` undoes it
 all. The functions they apply live beside the feature (`lazy` imports them at
@@ -11,7 +11,7 @@ the first use, so this table imports none of the feature modules).
 
 from __future__ import annotations
 
-from keras_mgpu_plugins._compat_record import Patch, lazy
+from keras_mgpu_plugins.compat._record import Patch, lazy
 
 _MIN, _MAX = "3.10.0", "3.16.0"  # kmp's Keras floor (pyproject), and the first unchecked
 _FIT = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/trainer.py"
@@ -28,13 +28,13 @@ def _fit_takes(*names: str) -> bool:
 
 
 def _graph_hook_there() -> bool:
-    from keras_mgpu_plugins._compat_checks import check_model_parallel
+    from keras_mgpu_plugins.compat._checks import check_model_parallel
 
     return not check_model_parallel()
 
 
 def _has(path: str) -> bool:
-    from keras_mgpu_plugins._compat_checks import resolve
+    from keras_mgpu_plugins.compat._checks import resolve
 
     try:
         return callable(resolve(path))
@@ -85,7 +85,7 @@ FEATURES: tuple[Patch, ...] = (
         "while a model_parallel / hybrid factory runs (undone when it returns)",
         _graph_hook_there, upstream=_GRAPH),
     _feature(
-        "placed_graph_run", "keras_mgpu_plugins._compat_graph:set_graph_run",
+        "placed_graph_run", "keras_mgpu_plugins.backends.tensorflow.patches.functional_graph:set_graph_run",
         "model_parallel: fit runs every layer on one device although the factory placed them",
         ("keras.src.ops.function.Function._run_through_graph",), _MP, _graph_hook_there,
         upstream=_GRAPH, per_instance=True),
@@ -143,7 +143,7 @@ FEATURES: tuple[Patch, ...] = (
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/model.py",
         per_instance=True),
     _feature(
-        "progbar_hidden_keys", "keras_mgpu_plugins._compat_private:wrap_history_epoch_end",
+        "progbar_hidden_keys", "keras_mgpu_plugins.compat._private:wrap_history_epoch_end",
         "DeviceMetricsLogger(progbar='summary'): the progress bar still shows every per-device "
         "key", ("keras.callbacks.History.on_epoch_end",),
         "DeviceMetricsLogger(progbar='summary') at train begin", lambda: _has(

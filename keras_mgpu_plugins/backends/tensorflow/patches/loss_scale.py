@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._compat_trainer import distributing
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing
+from keras_mgpu_plugins.compat._checks import source_has
 
 #: Smallest magnitude float16 rounds to inf (its largest finite value is 65504).
 FLOAT16_OVERFLOW = 65520.0

@@ -14,7 +14,7 @@ the same number of steps: `ArrayDataAdapter` shards by `DATA`, so each worker
 gets its share of every global batch. `patch_full_batch_executions` records
 that count on each distributed iterator `TFEpochIterator` makes of arrays under
 MultiWorkerMirroredStrategy; kmp's `steps_per_execution` loop
-(`_compat_trainer`) then asks `claim_full_batches(iterator, n, strategy)`
+(`patches.trainer`) then asks `claim_full_batches(iterator, n, strategy)`
 before each execution: while all of its n fetches are full batches, they go
 through `_get_next_no_partial_batch_handling` (what TensorFlow does for
 infinite datasets), with no collective. The execution that would reach the last
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._private_uses import require
 
 _FULL = "_kmp_full_batches_left"  # on a distributed iterator: full batches not fetched yet
 _LOCAL = "_kmp_full_batches_here"  # this worker's count, before the workers agreed

@@ -17,8 +17,8 @@ import time
 import warnings
 from typing import Any
 
-from keras_mgpu_plugins._compat_checks import source_has
-from keras_mgpu_plugins._keras_private import require
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._private_uses import require
 
 #: The thread that destroys released iterators (its name, for tests and stack dumps).
 REAPER_NAME = "kmp-iterator-release"

@@ -1,14 +1,14 @@
 """The registry of every change kmp makes to Keras/TensorFlow: `PATCHES`, applying and undoing.
 
-`PATCHES` is one table: the workarounds of upstream bugs (`_compat_table`,
+`PATCHES` is one table: the workarounds of upstream bugs (`compat._table`,
 applied together by `patch_keras()`) then the changes kmp's own features make
-(`_compat_features`, applied where each feature needs it: `apply(name, ...)`
+(`compat._features`, applied where each feature needs it: `apply(name, ...)`
 for a Keras class or module, `apply_to(name, obj, ...)` for one object). Every
 one goes through the same version decision (`_decide`: a results-changing
 patch fails closed outside its checked range) and the same order rule (a patch
 wrapping what another wraps declares it in `after`, and is applied outside it
 whatever order the calls come in); `unpatch_keras()` undoes every one. The
-record is `_compat_record.Patch`; per-instance bookkeeping is `_compat_instances`.
+record is `compat._record.Patch`; per-instance bookkeeping is `compat._instances`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from keras_mgpu_plugins import _compat_instances
-from keras_mgpu_plugins._compat_checks import version_predates
-from keras_mgpu_plugins._compat_features import FEATURES
-from keras_mgpu_plugins._compat_record import (
+from keras_mgpu_plugins.compat import _instances
+from keras_mgpu_plugins.compat._checks import version_predates
+from keras_mgpu_plugins.compat._features import FEATURES
+from keras_mgpu_plugins.compat._record import (
     ALLOW_UNCHECKED_ENV,
     LIBRARY_NAMES,
     Patch,
@@ -30,7 +30,7 @@ from keras_mgpu_plugins._compat_record import (
     must_wrap,
     shared,
 )
-from keras_mgpu_plugins._compat_table import WORKAROUNDS
+from keras_mgpu_plugins.compat._table import WORKAROUNDS
 
 __all__ = [
     "ALLOW_UNCHECKED_ENV", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES", "Patch",
@@ -47,7 +47,7 @@ _args: dict[str, tuple] = {}
 _warned_patches: set[str] = set()
 
 #: Every change kmp makes to Keras/TensorFlow behaviour, inner patches before the ones
-#: wrapping them (`Patch.after`; `_compat_record.order_problems` checks it).
+#: wrapping them (`Patch.after`; `compat._record.order_problems` checks it).
 PATCHES: tuple[Patch, ...] = WORKAROUNDS + FEATURES
 _FEATURE_NAMES = frozenset(patch.name for patch in FEATURES)
 #: Every record kmp declares, by name. The order (`after`) is read from these, so that a
@@ -192,7 +192,7 @@ def apply_to(name: str, obj: Any, *args: Any) -> bool:
         return False
     with _lock:
         _apply_all([patch], args, obj=obj)
-        return name in _compat_instances.applied_on(obj)
+        return name in _instances.applied_on(obj)
 
 
 def remove(name: str) -> None:
@@ -218,7 +218,7 @@ def remove(name: str) -> None:
 def remove_from(name: str, obj: Any) -> None:
     """Undoes the last application of the per-instance patch `name` on `obj`."""
     with _lock:
-        _compat_instances.remove_from(name, obj)
+        _instances.remove_from(name, obj)
 
 
 def _record(name: str) -> Patch | None:
@@ -259,7 +259,7 @@ def _apply_all(patches: list[Patch], args: tuple = (), obj: Any = None) -> None:
     notes = []
     for patch, action, why in plan:
         if action == "apply" and patch.per_instance:
-            _compat_instances.install_on(patch, obj, args, _by_name())
+            _instances.install_on(patch, obj, args, _by_name())
         elif action == "apply":
             _install(patch, args)
         if why:
@@ -318,7 +318,7 @@ def unpatch_keras() -> None:
     object a per-instance patch was applied to, hold what they held before.
     """
     with _lock:
-        _compat_instances.undo_all()
+        _instances.undo_all()
         for name in reversed(list(_applied)):
             _applied.pop(name)()
         _args.clear()
