@@ -305,7 +305,12 @@ pool = enqueuer._get_executor_init(2)({{}})
 pid = pool.apply_async(os.getpid).get(timeout=60)
 worker = next(w for w in pool._pool if w.pid == pid)
 worker.terminate()  # SIGTERM: what multiprocessing sends the pool's workers at shutdown
-worker.join(timeout={deadline})
+# Poll rather than join: the pool's own thread reaps its dead workers too, and a join racing
+# it can return at once with no exit code yet (its waitpid fails with ECHILD).
+import time
+end = time.monotonic() + {deadline}
+while worker.exitcode is None and time.monotonic() < end:
+    time.sleep(0.05)
 print("stopped" if worker.exitcode is not None else "stuck", flush=True)
 for worker in pool._pool:  # the stuck ones would hold the output pipe open
     if worker.exitcode is None:
