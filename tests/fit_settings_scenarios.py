@@ -600,57 +600,15 @@ def sparse_gradients_run(strategy, optimizer="adam", kind="position", dense=Fals
     return {"weights": model.get_weights(), "history": history.history}
 
 
-
-
 def distiller_factory(optimizer="sgd", with_call=False, steps_per_execution=1):
-    """keras.io's knowledge-distillation example (Keras 3), small: a `Distiller(keras.Model)`
-    with its own `compile(optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha,
-    temperature)`, `train_step` and `test_step`, logging its losses; teacher and student are
-    small Sequential CNNs, seeded, no dropout. As on keras.io the Distiller has no `call()`
-    unless `with_call`."""
+    """keras.io's knowledge-distillation example, small: its `Distiller(keras.Model)`
+    (`tests/programs/knowledge_distillation.py`: own `compile`, `train_step` and `test_step`,
+    logging its losses) over small seeded Sequential CNNs. As on keras.io the Distiller has no
+    `call()` unless `with_call`."""
     import keras
-    import tensorflow as tf
-    from keras import layers, ops
+    from keras import layers
 
-    class Distiller(keras.Model):
-        def __init__(self, student, teacher):
-            super().__init__()
-            self.teacher = teacher
-            self.student = student
-
-        def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1,
-                    temperature=3, **kwargs):
-            super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
-            self.student_loss_fn = student_loss_fn
-            self.distillation_loss_fn = distillation_loss_fn
-            self.alpha = alpha
-            self.temperature = temperature
-
-        def train_step(self, data):
-            x, y = data
-            teacher_predictions = self.teacher(x, training=False)
-            with tf.GradientTape() as tape:
-                student_predictions = self.student(x, training=True)
-                student_loss = self.student_loss_fn(y, student_predictions)
-                distillation_loss = self.distillation_loss_fn(
-                    ops.softmax(teacher_predictions / self.temperature, axis=1),
-                    ops.softmax(student_predictions / self.temperature, axis=1),
-                ) * self.temperature**2
-                loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
-            trainable = self.student.trainable_variables
-            gradients = tape.gradient(loss, trainable)
-            self.optimizer.apply_gradients(zip(gradients, trainable, strict=True))
-            results = self.compute_metrics(x, y, student_predictions, sample_weight=None)
-            results.update({"student_loss": student_loss, "distillation_loss": distillation_loss})
-            return results
-
-        def test_step(self, data):
-            x, y = data
-            y_prediction = self.student(x, training=False)
-            student_loss = self.student_loss_fn(y, y_prediction)
-            results = self.compute_metrics(x, y, y_prediction, sample_weight=None)
-            results.update({"student_loss": student_loss})
-            return results
+    from tests.programs.knowledge_distillation import Distiller  # the program's, as keras.io
 
     class DistillerWithCall(Distiller):
         def call(self, x):

@@ -5,8 +5,8 @@ loss, a distillation loss, `alpha`, `temperature`), a `train_step` that updates
 the student's weights only and logs `student_loss` and `distillation_loss`, a
 `test_step` that logs `student_loss`; a convolutional teacher trained first as
 usual, then distilled into a smaller student. Keras 3 has no
-`compiled_metrics`: the steps update the compiled metrics through `self.metrics`
-(the loss tracker, which the example never feeds, left out). Here on 12x12 random
+`compiled_metrics`: the steps update and read the compiled metrics with
+`compute_metrics` (which every Keras 3 release from 3.0 has). Here on 12x12 random
 "digits", one epoch of teacher training, fewer filters.
 """
 
@@ -31,19 +31,15 @@ class Distiller(keras.Model):
         self.student = student
 
     def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha=0.1,
-                temperature=3):
+                temperature=3, **kwargs):
         """`alpha` weighs the student loss, `1 - alpha` the distillation loss; a higher
-        `temperature` softens both probability distributions."""
-        super().compile(optimizer=optimizer, metrics=metrics)
+        `temperature` softens both probability distributions. Other arguments go to Keras's
+        `compile` (`steps_per_execution`, in tests/fit_settings_scenarios.py)."""
+        super().compile(optimizer=optimizer, metrics=metrics, **kwargs)
         self.student_loss_fn = student_loss_fn
         self.distillation_loss_fn = distillation_loss_fn
         self.alpha = alpha
         self.temperature = temperature
-
-    def _update_compiled_metrics(self, y, y_pred):
-        for metric in self.metrics:
-            if metric.name != "loss":
-                metric.update_state(y, y_pred)
 
     def train_step(self, data):
         x, y = data
@@ -54,13 +50,12 @@ class Distiller(keras.Model):
             distillation_loss = self.distillation_loss_fn(
                 tf.nn.softmax(teacher_predictions / self.temperature, axis=1),
                 tf.nn.softmax(student_predictions / self.temperature, axis=1),
-            )
+            ) * self.temperature**2
             loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
         trainable_vars = self.student.trainable_variables  # the teacher stays as it is
         gradients = tape.gradient(loss, trainable_vars)
         self.optimizer.apply_gradients(zip(gradients, trainable_vars, strict=True))
-        self._update_compiled_metrics(y, student_predictions)
-        results = {m.name: m.result() for m in self.metrics}
+        results = self.compute_metrics(x, y, student_predictions, sample_weight=None)
         results.update({"student_loss": student_loss, "distillation_loss": distillation_loss})
         return results
 
@@ -68,8 +63,7 @@ class Distiller(keras.Model):
         x, y = data
         y_prediction = self.student(x, training=False)
         student_loss = self.student_loss_fn(y, y_prediction)
-        self._update_compiled_metrics(y, y_prediction)
-        results = {m.name: m.result() for m in self.metrics}
+        results = self.compute_metrics(x, y, y_prediction, sample_weight=None)
         results.update({"student_loss": student_loss})
         return results
 
