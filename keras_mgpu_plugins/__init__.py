@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from keras_mgpu_plugins._version import __version__
 from keras_mgpu_plugins.errors import WeightsOutOfSyncError
-from keras_mgpu_plugins.topology import Topology, TopologyError, topology
+from keras_mgpu_plugins.topology import Topology, TopologyError, topology  # (cluster.topology)
 
 if TYPE_CHECKING:  # pragma: no cover
     from keras_mgpu_plugins import callbacks, collective, compat, runtime
@@ -49,12 +49,22 @@ _LAZY = {
     "collective": ("keras_mgpu_plugins.collective", None),
     "compat": ("keras_mgpu_plugins.compat", None),
     "runtime": ("keras_mgpu_plugins.runtime", None),
+    # Modules reached as attributes in user code (`kmp.strategy.StrategyError`): loaded on use.
+    "strategy": ("keras_mgpu_plugins.strategy", None),
+    "devices": ("keras_mgpu_plugins.devices", None),
 }
+
+#: Lazy names that load without Keras (the registry and the launcher import it on use).
+_NEEDS_NO_KERAS = frozenset({"compat", "launch", "runtime"})
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'keras_mgpu_plugins' has no attribute {name!r}")
+    if name not in _NEEDS_NO_KERAS:
+        from keras_mgpu_plugins.backends import require_keras
+
+        require_keras()  # an error naming the extras, rather than a bare ModuleNotFoundError
     module_name, attr = _LAZY[name]
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)

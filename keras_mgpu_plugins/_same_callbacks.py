@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import zlib
 from collections import Counter
 from typing import Any
 
@@ -38,10 +37,10 @@ def kmp_callback_names(callbacks: Any) -> tuple[str, ...]:
 
 
 def _steps_differ_error(all_steps: list[int], here: int) -> Exception:
-    from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins.runtime import SettingsDifferError
 
     counts = ", ".join(f"worker {i}: {'unknown' if n < 0 else n}" for i, n in enumerate(all_steps))
-    return collective.SettingsDifferError(
+    return SettingsDifferError(
         f"model.fit would run a different number of steps per epoch on different workers "
         f"({counts}; this is worker {here}). Each step all-reduces the gradients across "
         "workers, so the worker with more steps would wait forever for the others. Give "
@@ -51,32 +50,32 @@ def _steps_differ_error(all_steps: list[int], here: int) -> Exception:
     )
 
 
-def check(callbacks: Any, strategy: Any, steps: int | None = None) -> None:
+def check(callbacks: Any, runtime: Any, steps: int | None = None) -> None:
     """Raises on every worker if their kmp callbacks, or their steps per epoch, differ.
 
-    One all-gather of two numbers (a CRC-32 of the callbacks' names, the step
-    count), on every worker, when `strategy` spans workers.
+    One `runtime.settings_differ` (an all-gather of a CRC-32 of the callbacks' names
+    and one of the step count), on every worker, when `runtime` (`kmp.runtime.of(model)`)
+    spans workers; a second all-gather of the step counts when they differ, to name them.
 
     Raises:
         SettingsDifferError: If the workers' step counts differ (`None`, unknown,
             counts as its own value), naming each worker's count; or if their kmp
             callbacks differ, naming them.
     """
-    from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins.runtime import SettingsDifferError
 
-    if not collective.spans_workers(strategy):
+    if not runtime.spans_workers:
         return
     names = kmp_callback_names(callbacks)
-    here = collective.worker_index(strategy)
-    digest = zlib.crc32(repr(names).encode())
-    gathered = collective.all_gather(
-        np.array([digest, -1 if steps is None else int(steps)], np.int64), strategy)
-    all_steps = [int(n) for n in gathered[:, 1]]
-    if len(set(all_steps)) > 1:
+    here = runtime.worker_index
+    count = -1 if steps is None else int(steps)
+    differ_from_chief = runtime.settings_differ({"kmp_callbacks": names, "steps": count})
+    if "steps" in differ_from_chief:  # every worker knows: every worker gathers the counts
+        all_steps = [int(n) for n in runtime.all_gather(np.array([count], np.int64))[:, 0]]
         raise _steps_differ_error(all_steps, here)
-    differ = [int(r) for r in np.flatnonzero(gathered[:, 0] != gathered[0, 0])]
+    differ = [int(r) for r in differ_from_chief.get("kmp_callbacks", ())]
     if differ:
-        raise collective.SettingsDifferError(
+        raise SettingsDifferError(
             f"model.fit was given different kmp callbacks on different workers: here "
             f"(worker {here}) {list(names)}. kmp's callbacks run "
             "collective operations with the other workers, so a worker given one the others "
@@ -116,13 +115,15 @@ def wrap_fit() -> Any:
             self.given = given
 
         def on_train_begin(self, logs: Any = None) -> None:
-            check(self.given, self.model.distribute_strategy, self.params.get("steps"))
+            from keras_mgpu_plugins import runtime
+
+            check(self.given, runtime.of(self.model), self.params.get("steps"))
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from keras_mgpu_plugins import collective
+        from keras_mgpu_plugins import runtime
 
-        if not collective.spans_workers(self.distribute_strategy):
+        if not runtime.of(self).spans_workers:
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         given = list(bound.arguments.get("callbacks") or [])

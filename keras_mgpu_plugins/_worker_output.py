@@ -6,7 +6,7 @@ progress bar (the logs are the global ones, the same on every worker): N
 copies interleaved in the terminal of `kmp-launch`, or in SLURM's output file.
 Horovod's advice is to pass `verbose=1 if rank == 0 else 0`; `install()` does
 it for every `fit`, `evaluate` and `predict` run under a job of several
-workers (who is chief comes from `kmp.collective`, the one source). Only the
+workers (who is chief comes from `kmp.runtime`, the one source). Only the
 progress bar goes: callbacks, `History` and the returned values are unchanged
 (Keras's `verbose` only decides whether its `ProgbarLogger` is added).
 `KMP_OUTPUT=all` in the workers' environment (what `kmp-launch --all-output`
@@ -37,9 +37,10 @@ def quiet_here() -> bool:
                          f'default) or "all" (every worker\'s). Received: {ENV_VAR}={setting!r}')
     if setting == "all":
         return False
-    from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins import runtime
 
-    return collective.num_workers() > 1 and not collective.is_chief()
+    here = runtime.of().rank()
+    return here.num_workers > 1 and not here.is_chief
 
 
 def install() -> None:

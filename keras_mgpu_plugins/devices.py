@@ -1,35 +1,34 @@
-"""Logical devices: try multi-device code on one physical device."""
+"""Logical devices: try multi-device code on one physical device (`kmp.simulate_devices`)."""
 
 from __future__ import annotations
 
+from keras_mgpu_plugins.errors import RuntimeAlreadyStartedError
 
-class RuntimeAlreadyStartedError(RuntimeError):
-    """TensorFlow's runtime started before devices could be configured."""
+__all__ = ["RuntimeAlreadyStartedError", "check_split", "simulate_devices"]
 
 
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
-    """Splits this process's device into `n` logical devices.
+    """Splits this process's device into `n` logical devices, on the active Keras backend.
 
     With a GPU, the first GPU is split into `n` logical GPUs of
     `memory_limit_mb` each (default: 1024) and the other GPUs are hidden, so
     the process sees exactly `n` devices; without one, the CPU is split into
-    `n` logical CPUs. `MirroredStrategy` (and `kmp.parallelize(strategy="mirrored")`)
-    then replicates over them, so multi-device code runs, and is tested, on a
-    laptop. Call it first thing, before TensorFlow runs any operation. It does
-    not start TensorFlow's runtime itself: what must come before it (a
-    multi-worker strategy, memory growth) may still follow, and a second call
-    before the runtime starts replaces the split.
+    `n` logical CPUs. `@kmp.parallelize` then replicates over them, so
+    multi-device code runs, and is tested, on a laptop. Call it first thing,
+    before the backend runs any operation (TensorFlow: before any tensor,
+    layer, model, tf.data pipeline or strategy; JAX: before any array).
 
     Args:
         n: Number of logical devices, at least 1.
         memory_limit_mb: Memory of each logical GPU. Ignored without a GPU.
 
     Returns:
-        The names of the logical devices, e.g. `["/device:CPU:0", "/device:CPU:1"]`.
+        The names of the logical devices, e.g. `["/device:CPU:0", "/device:CPU:1"]`
+        on TensorFlow.
 
     Raises:
-        ValueError: If `n` is not a positive integer.
-        RuntimeAlreadyStartedError: If TensorFlow's runtime already started
+        ValueError: If `n` is not a positive integer or `memory_limit_mb` not positive.
+        RuntimeAlreadyStartedError: If the backend's runtime already started
             (a different split is asked for than the one in force).
 
     Example:
@@ -37,41 +36,18 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
         >>> kmp.simulate_devices(2)
         ['/device:CPU:0', '/device:CPU:1']
     """
+    check_split(n, memory_limit_mb)
+    from keras_mgpu_plugins import backends
+
+    return backends.current().simulate_devices(n, memory_limit_mb)
+
+
+def check_split(n: int, memory_limit_mb: int | None) -> None:
+    """Raises `ValueError` unless `n` and `memory_limit_mb` are positive integers (or `None`)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a positive integer. Received: n={n!r}")
-    if memory_limit_mb is not None and memory_limit_mb <= 0:
-        raise ValueError(
-            f"memory_limit_mb must be positive. Received: memory_limit_mb={memory_limit_mb!r}"
-        )
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    kind = "GPU" if gpus else "CPU"
-    physical = gpus[0] if gpus else tf.config.list_physical_devices("CPU")[0]
-    if gpus:
-        configs = [
-            tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb or 1024)
-            for _ in range(n)
-        ]
-    else:
-        configs = [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
-    current = tf.config.get_logical_device_configuration(physical)
-    try:
-        if len(gpus) > 1:
-            tf.config.set_visible_devices(gpus[:1], "GPU")
-        tf.config.set_logical_device_configuration(physical, configs)
-    except RuntimeError as err:
-        visible = tf.config.get_visible_devices(kind)
-        if current is not None and len(current) == n and visible == [physical]:
-            return _names(kind, n)  # already split this way: nothing to do
-        raise RuntimeAlreadyStartedError(
-            f"simulate_devices({n}) must run before TensorFlow starts its runtime "
-            f"(TensorFlow said: {err}). Call it at the top of your script, before any "
-            "tensor, layer, model, tf.data pipeline or strategy is created."
-        ) from None
-    return _names(kind, n)
-
-
-def _names(kind: str, n: int) -> list[str]:
-    """The logical devices' names, as TensorFlow will list them (listing would start it)."""
-    return [f"/device:{kind}:{i}" for i in range(n)]
+    if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool)
+                                        or not isinstance(memory_limit_mb, int)
+                                        or memory_limit_mb <= 0):
+        raise ValueError("memory_limit_mb must be a positive integer. Received: "
+                         f"memory_limit_mb={memory_limit_mb!r}")

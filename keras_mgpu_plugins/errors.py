@@ -23,3 +23,12 @@ class WeightsOutOfSyncError(RuntimeError):
 
 class TopologyError(ValueError):
     """The environment describes a cluster that cannot be used."""
+
+
+class RuntimeAlreadyStartedError(RuntimeError):
+    """The backend's runtime started before devices could be configured."""
+
+
+#: Exit code of a worker that `kmp.callbacks.StallWatchdog` stops (sysexits' EX_SOFTWARE):
+#: the watchdog exits with it, the launcher reads it as a stall.
+STALL_EXIT_CODE = 70

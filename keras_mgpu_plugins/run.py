@@ -50,16 +50,16 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
     """What a worker does before any user code: the strategy, then the watchdog.
 
     Args:
-        create_strategy: Create the multi-worker strategy now (the job has
-            several workers and TensorFlow's runtime has not started).
+        create_strategy: Join the job now (the job has several workers and the
+            backend's runtime has not started): TensorFlow's multi-worker strategy,
+            or `jax.distributed` on JAX.
         stall_timeout: For `kmp-launch --stall-timeout`: a `StallWatchdog`
             with this timeout in every `fit`, or `None`.
     """
-    if create_strategy:
-        # `get_strategy` caches it per process: `kmp.parallelize` gets this object.
-        from keras_mgpu_plugins.strategy import get_strategy
+    if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
+        from keras_mgpu_plugins import backends
 
-        get_strategy("multi_worker")
+        backends.current().join_job()
     if stall_timeout is not None:
         from keras_mgpu_plugins.callbacks.stall_watchdog import add_to_every_fit
 
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"keras_mgpu_plugins.run: can't open file {target!r}: no such file. "
                   f"Received: script={target!r}", file=sys.stderr)
             return 2
-    from keras_mgpu_plugins.topology import topology
+    from keras_mgpu_plugins.cluster.topology import topology
 
     prepare(create_strategy=topology().is_multi_worker)
     try:
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit:
         raise
     except BaseException as err:  # noqa: B036 - printed like Python does, then a sure exit
-        from keras_mgpu_plugins.launch._worker import _exit_after_failure, _user_traceback
+        from keras_mgpu_plugins.launch._exit import _exit_after_failure, _user_traceback
 
         print(_user_traceback(err), end="", file=sys.stderr)
         _exit_after_failure(1)  # the collective runtime could hold the interpreter

@@ -18,6 +18,9 @@ NUM_SIMULATED_DEVICES = 2
 
 
 def pytest_configure(config):
+    import keras
+
     import keras_mgpu_plugins as kmp
 
-    kmp.simulate_devices(NUM_SIMULATED_DEVICES)
+    if keras.backend.backend() in ("tensorflow", "jax"):  # the backends with distributed fit
+        kmp.simulate_devices(NUM_SIMULATED_DEVICES)

@@ -42,6 +42,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _MODULES:
         raise AttributeError(f"module 'keras_mgpu_plugins.callbacks' has no attribute {name!r}")
+    from keras_mgpu_plugins.backends import require_keras
+
+    require_keras()  # an error naming the extras, rather than a bare ModuleNotFoundError
     module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
     value = getattr(module, name)
     globals()[name] = value

@@ -2,9 +2,10 @@
 
 - `encode_monitored` / `agreed_logs` / `monitored_value`: the chief's monitored
   value travels to every worker as two float64 numbers, and each worker runs
-  Keras's save decision on logs holding that value;
-- `check_template`: whether a template model (`model=`) can receive the
-  trained weights (`_checkpoint_io.copy_weights`) before it is saved.
+  Keras's save decision on logs holding that value.
+
+Whether a template model (`model=`) can receive the trained weights is
+`io.snapshots.check_template`, beside the copy it guards (`copy_weights`).
 """
 
 from __future__ import annotations
@@ -54,27 +55,3 @@ def agreed_logs(logs: Mapping[str, Any], monitor: str, chief: np.ndarray) -> dic
         logs[monitor] = value
     return logs
 
-
-def check_template(source: Any, target: Any) -> bool:
-    """Whether `target` needs `source`'s values copied (`False`: it shares them).
-
-    Raises:
-        ValueError: If the two models' weights differ in number or shapes.
-    """
-    sources, targets = source.weights, target.weights
-    if targets and {id(v) for v in targets} <= {id(v) for v in sources}:
-        # The template's variables are the trained ones: the trained model wraps the
-        # template (e.g. `Sequential([Input, template])`). `multi_gpu_model` does not
-        # share: its template holds a copy, and is copied into here like any other.
-        return False
-    shapes = [tuple(v.shape) for v in sources]
-    wanted = [tuple(v.shape) for v in targets]
-    if shapes != wanted:
-        raise ValueError(
-            "ModelCheckpoint(model=...) saves a template model that must have the "
-            f"same weights as the trained model {source.name!r}, in the same order, "
-            f"to receive them. The trained model has {len(shapes)} weights of shapes "
-            f"{shapes}; the template {target.name!r} has {len(wanted)} weights of shapes "
-            f"{wanted}. Received: model={target.name!r}"
-        )
-    return True

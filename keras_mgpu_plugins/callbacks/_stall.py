@@ -17,13 +17,13 @@ import os
 import time
 from collections.abc import Mapping
 
-from keras_mgpu_plugins.callbacks import _atomic
 from keras_mgpu_plugins.callbacks._stall_stacks import (  # noqa: F401 (this module's API)
     format_stacks,
     has_frame,
     locate,
     outermost_call,
 )
+from keras_mgpu_plugins.io.atomic import write_bytes_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Board:
         if self.directory is None:
             self._memory[report.worker] = report
             return
-        _write_atomic(self._path(f"heartbeat-{report.worker}.json"),
+        write_bytes_atomic(self._path(f"heartbeat-{report.worker}.json"),
                       json.dumps(dataclasses.asdict(report)))
 
     def read(self, num_workers: int, since: float) -> dict[int, Report | None]:
@@ -165,7 +165,7 @@ class Board:
         if self.directory is None:
             return message
         tmp = self._path(f".stall-{self.worker}.tmp")
-        _write_atomic(tmp, message)
+        write_bytes_atomic(tmp, message)
         with contextlib.suppress(FileExistsError):
             os.link(tmp, self._path("stall.txt"))
         with contextlib.suppress(OSError):
@@ -186,19 +186,11 @@ class Board:
         """Marks this worker's stacks as printed; waits (up to `wait_s`) for the others'."""
         if self.directory is None:
             return
-        _write_atomic(self._path(f"dumped-{self.worker}"), "")
+        write_bytes_atomic(self._path(f"dumped-{self.worker}"), "")
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and not all(
                 os.path.exists(self._path(f"dumped-{w}")) for w in range(num_workers)):
             time.sleep(0.1)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-
-    _atomic.atomic_write(path, write)
 
 
 def meet(directory: str, worker: int, num_workers: int, fit: int, settings: Mapping,
@@ -217,7 +209,7 @@ def meet(directory: str, worker: int, num_workers: int, fit: int, settings: Mapp
     """
     now, path = time.time(), os.path.join(directory, f"settings-{worker}.json")
     mine = {"fit": fit, "written_at": now, "settings": dict(settings), "gave_up": False}
-    _write_atomic(path, json.dumps(mine))
+    write_bytes_atomic(path, json.dumps(mine))
     deadline, missing = time.monotonic() + wait_s, list(range(num_workers))
     while True:
         missing = [w for w in missing if not _met(directory, w, fit, now - wait_s - 60.0)]
@@ -225,7 +217,7 @@ def meet(directory: str, worker: int, num_workers: int, fit: int, settings: Mapp
             break
         time.sleep(0.2)
     if missing:  # a late peer must not take this worker, about to raise, as present
-        _write_atomic(path, json.dumps({**mine, "gave_up": True}))
+        write_bytes_atomic(path, json.dumps({**mine, "gave_up": True}))
     return missing
 
 

@@ -1,7 +1,7 @@
 """Where a thread is, read from its Python stack (for `StallWatchdog`; no Keras).
 
-- `locate(frame)`: inside TensorFlow (a step, a collective: possibly waiting for
-  a peer), tracing or saving (busy: the clock is paused), or in Python code (the
+- `locate(frame)`: inside TensorFlow or JAX (a step, a collective: possibly waiting
+  for a peer), tracing or saving (busy: the clock is paused), or in Python code (the
   innermost user frame);
 - `outermost_call(frame)` / `has_frame`: the `tf.function` call a thread is in;
 - `format_stacks()`: every thread's stack, as `faulthandler` prints them.
@@ -28,8 +28,8 @@ _LIBRARIES = (_TF, f"{os.sep}keras{os.sep}", f"{os.sep}keras_mgpu_plugins{os.sep
 _BUSY = {
     "tracing a function": (f"{_TF}python{os.sep}framework{os.sep}func_graph.py",),
     "saving": (f"{os.sep}keras{os.sep}src{os.sep}saving{os.sep}", f"{os.sep}h5py{os.sep}",
-               f"{os.sep}callbacks{os.sep}_checkpoint_io.py",
-               f"{os.sep}callbacks{os.sep}_atomic.py"),
+               f"{os.sep}keras_mgpu_plugins{os.sep}io{os.sep}snapshots.py",
+               f"{os.sep}keras_mgpu_plugins{os.sep}io{os.sep}atomic.py"),
 }
 
 
@@ -42,33 +42,47 @@ def _describe(frame: FrameType) -> str:
     return f"{frame.f_code.co_name} ({_short(frame.f_code.co_filename)}:{frame.f_lineno})"
 
 
+def _jax_folders() -> tuple[str, ...]:
+    """JAX's package folders once it is imported (never imported here): frames there are
+    inside JAX, as frames under `tensorflow/` are inside TensorFlow (a user folder named
+    `jax` is not)."""
+    folders = []
+    for name in ("jax", "jaxlib"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            folders.append(os.path.join(os.path.dirname(path), ""))
+    return tuple(folders)
+
+
 def locate(frame: FrameType | None) -> tuple[str, bool, str]:
     """Where a thread is, from its innermost frame.
 
     Returns:
         `(busy, inside_tf, where)`: `busy` names a busy state
         (`"tracing a function"`, `"saving"`) or is `""`; `inside_tf` says the
-        thread is in a TensorFlow call (a TensorFlow frame is nearer the top of
+        thread is in a TensorFlow or JAX call (such a frame is nearer the top of
         the stack than any user frame); `where` describes the place in words.
     """
     if frame is None:
         return "", False, "nowhere (the thread has ended)"
-    innermost, user, tf_frame = frame, None, None
-    busy = ""
+    innermost, user, tf_frame, framework = frame, None, None, "TensorFlow"
+    busy, jax_folders = "", _jax_folders()
     while frame is not None:
         name = frame.f_code.co_filename
+        in_jax = name.startswith(jax_folders) if jax_folders else False
         if not busy:
             busy = next((what for what, marks in _BUSY.items()
                          if any(mark in name for mark in marks)), "")
-        if user is None and tf_frame is None and _TF in name:
-            tf_frame = frame  # a TensorFlow call nearer the top than any user code
-        if user is None and not (name.startswith(_STDLIB)
+        if user is None and tf_frame is None and (_TF in name or in_jax):
+            tf_frame = frame  # a framework call nearer the top than any user code
+            framework = "JAX" if in_jax else "TensorFlow"
+        if user is None and not (name.startswith(_STDLIB) or in_jax
                                  or any(lib in name for lib in _LIBRARIES)):
             user = frame
         frame = frame.f_back
     inside_tf = tf_frame is not None
     if tf_frame is not None:
-        where = f"inside TensorFlow at {_describe(tf_frame)}"
+        where = f"inside {framework} at {_describe(tf_frame)}"
         if user is not None:
             where += f", called from {_describe(user)}"
     else:

@@ -1,8 +1,8 @@
 """`BackupAndRestore`: Keras's fault-tolerance callback, safe with several workers.
 
 The pure parts (which backup is whole, the write order that keeps one whole
-at every crash point) are in `_backup_state`; saves follow the one scheme of
-`_checkpoint_writer` (every worker snapshots, the chief writes).
+at every crash point) are in `io.backup_state`; saves follow the one scheme of
+`io.async_writer` (every worker snapshots, the chief writes).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import warnings
 import keras
 
 from keras_mgpu_plugins import compat, runtime
-from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer
-from keras_mgpu_plugins.callbacks._backup_state import (  # noqa: F401 - public names
+from keras_mgpu_plugins.io import async_writer, atomic, snapshots
+from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     CORRUPT,
     INCOMPLETE,
     BackupNotSharedError,
@@ -30,7 +30,6 @@ from keras_mgpu_plugins.callbacks._backup_state import (  # noqa: F401 - public 
     record,
     resolve,
     sha256,
-    write_bytes,
 )
 
 
@@ -96,10 +95,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             raise ValueError(
                 f"async_save must be True or False. Received: async_save={async_save!r}"
             )
-        _checkpoint_io.check_keras_internals()  # every backup is a snapshot
+        snapshots.check_keras_internals()  # every backup is a snapshot
         self.async_save = async_save
-        self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save,
-                                                     lambda record: None)
+        self._saves = async_writer.ChiefWrites(type(self).__name__, async_save,
+                                               lambda record: None)
         self.backup_dir = os.fspath(backup_dir)
         if "://" in self.backup_dir:
             raise ValueError(
@@ -195,7 +194,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _look_both(self) -> tuple[BackupState | str | None, BackupState | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""
         if runtime.of(self.model).is_chief:  # left by a writer that was killed
-            _atomic.remove_stale_temps(self.backup_dir)
+            atomic.remove_stale_temps(self.backup_dir)
         return (look(self._weights_path, self._training_metadata_path),
                 look(self._prev_weights_path, self._prev_training_metadata_path))
 
@@ -250,8 +249,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                          {"path": self._weights_path}, f"writing {self._weights_path}",
                          here, self._current_epoch)
 
-    def _write(self, snapshot: _checkpoint_io.Snapshot, state: BackupState) -> None:
-        """The chief's backup, in the order `_backup_state` explains (training or writer thread)."""
+    def _write(self, snapshot: snapshots.Snapshot, state: BackupState) -> None:
+        """The chief's backup, in the order `io.backup_state` explains (training or writer thread)."""
         if self.double_checkpoint and os.path.exists(self._weights_path):
             if os.path.exists(self._training_metadata_path):
                 _copy_atomic(self._training_metadata_path, self._prev_training_metadata_path)
@@ -262,12 +261,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             snapshot.write(staged)
             state = dataclasses.replace(state, digest=sha256(staged))
             metadata = {**record(state), "previous": record(self._on_disk)}
-            _atomic.atomic_write(self._training_metadata_path,
-                                 lambda path: write_bytes(path, json.dumps(metadata).encode()))
+            atomic.write_bytes_atomic(self._training_metadata_path, json.dumps(metadata))
 
-        _atomic.atomic_write(self._weights_path, write, suffix=".weights.h5")
+        atomic.atomic_write(self._weights_path, write, suffix=".weights.h5")
         self._on_disk = state  # writes never overlap: the next one reads this
 
 
 def _copy_atomic(source: str, target: str) -> None:
-    _atomic.atomic_write(target, lambda staged: shutil.copyfile(source, staged))
+    atomic.atomic_write(target, lambda staged: shutil.copyfile(source, staged))

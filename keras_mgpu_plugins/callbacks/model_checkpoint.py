@@ -15,10 +15,10 @@ impersonate the whole `keras.Model` seen by `MonitorCallback` and by users of
 `self.model`, so overriding one method is the smaller dependency.
 
 What changes against Keras is listed in the class docstring. Saves follow
-the one scheme of `_checkpoint_writer` (every worker snapshots, the chief
+the one scheme of `io.async_writer` (every worker snapshots, the chief
 writes, errors reach every worker with their cause); files are atomic
-(`_atomic`); the decision rules are `_checkpoint_rules`'.
-Snapshots and their files are `_checkpoint_io`'s, which uses Keras's saving
+(`io.atomic`); the decision rules are `_checkpoint_rules`'.
+Snapshots and their files are `io.snapshots`', which uses Keras's saving
 internals through `compat`.
 """
 
@@ -33,13 +33,14 @@ import keras
 import numpy as np
 
 from keras_mgpu_plugins import compat, runtime
-from keras_mgpu_plugins.callbacks import _atomic, _checkpoint_io, _checkpoint_writer, events
+from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
-    check_template,
     encode_monitored,
     monitored_value,
 )
+from keras_mgpu_plugins.io import async_writer, atomic, snapshots
+from keras_mgpu_plugins.io.snapshots import check_template
 
 _SUFFIX = {"weights": ".weights.h5", "keras": ".keras", "h5": ".h5"}
 
@@ -78,7 +79,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             on every worker, on the training thread. Nothing is copied when the
             template's variables are the trained model's own.
         async_save: If `True`, the training thread only takes the snapshot
-            (reads of the variables, no copy on CPU: see `_checkpoint_io`) and
+            (reads of the variables, no copy on CPU: see `io.snapshots`) and
             a background thread serialises and writes it, at most one write
             at a time (the next save waits for it). A writer error is raised
             on the training thread, on every worker at the same point, with
@@ -139,13 +140,13 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             raise ValueError(
                 f"async_save must be True or False. Received: async_save={async_save!r}"
             )
-        _checkpoint_io.check_keras_internals()  # every save is a snapshot
+        snapshots.check_keras_internals()  # every save is a snapshot
         self.template = model
         self.async_save = async_save
         self._initial_value_threshold = initial_value_threshold  # `best` moves; this does not
         self._mode = mode  # Keras < 3.11 keeps no `mode`
-        self._kind = _checkpoint_io.kind_of(self.filepath, save_weights_only)
-        self._saves = _checkpoint_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
+        self._kind = snapshots.kind_of(self.filepath, save_weights_only)
+        self._saves = async_writer.ChiefWrites(type(self).__name__, async_save, self._saved)
         self._writer = self._saves.writer
         self._flush = events.weak_listener(self, "_flush_now")  # finish the last write
 
@@ -158,7 +159,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self.template is not None and self.model.built and self.template.built:
             check_template(self.model, self.template)  # fail now, not at the first save
         directory = os.path.dirname(self.filepath.split("{", 1)[0])
-        problem = _atomic.prepare_folder(directory) if here.is_chief else None
+        problem = atomic.prepare_folder(directory) if here.is_chief else None
         if here.agree(problem is not None, how="chief"):
             where = problem or "the chief worker cannot write there (see its error)"
             raise PermissionError(
@@ -221,7 +222,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         here = self._runtime()
         chief = here.is_chief
         error = runtime.encode_error(self._saves.error if chief else None)
-        flags = [chief and _atomic.isdir(filepath)]
+        flags = [chief and atomic.isdir(filepath)]
         local = np.concatenate([encode_monitored(logs.get(self.monitor)), flags, error])
         chief_value = here.broadcast(local)
         self._saves.raise_chief_error(chief_value[3:], here)
@@ -260,16 +261,16 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         epoch end) and reads it; a writer-thread assignment could land after a
         newer one and its file mix both. Every worker's template gets the
         values, and only the chief has a writer. What stays here is one read
-        and one device-side `assign` per variable (`_checkpoint_io.copy_weights`).
+        and one device-side `assign` per variable (`io.snapshots.copy_weights`).
         """
         if self.template is None:
             return self.model
-        _checkpoint_io.copy_weights(self.model, self.template)
+        snapshots.copy_weights(self.model, self.template)
         return self.template
 
     def _write(self, write: Any, filepath: str) -> None:
         """The chief's write (training thread, or writer thread with `async_save=True`)."""
-        _atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
+        atomic.atomic_write(filepath, write, suffix=_SUFFIX[self._kind])
 
     def _saved(self, record: dict[str, Any]) -> None:
         if self.verbose > 0 and compat.checkpoint_reports_finished_saves():  # as Keras prints
@@ -295,13 +296,3 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
         finally:
             self.verbose = verbose
 
-
-def __getattr__(name: str) -> Any:
-    """`ParallelModelCheckpoint` has its module; this import path keeps working."""
-    if name == "ParallelModelCheckpoint":
-        from keras_mgpu_plugins.callbacks.parallel_model_checkpoint import (
-            ParallelModelCheckpoint,
-        )
-
-        return ParallelModelCheckpoint
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,11 +45,9 @@ where `patch_keras` reads it.
 
 from __future__ import annotations
 
-from keras_mgpu_plugins.backends.tensorflow.patches.trainer import (
-    distributing,
-    refuse_unsupported_settings,
-    strategy_name,
-)
+from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
+from keras_mgpu_plugins.backends.tensorflow.patches.trainer import refuse_unsupported_settings
+from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._index import symptom_index
 from keras_mgpu_plugins.compat._instances import applied_on
 from keras_mgpu_plugins.compat._private import (

@@ -58,14 +58,15 @@ FEATURES: tuple[Patch, ...] = (
         "every worker of a multi-worker job prints the same progress bar (N interleaved copies "
         "in the kmp-launch terminal or the SLURM log)",
         ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"),
-        "creating a strategy that spans workers (kmp.parallelize, kmp-launch)",
+        "creating a strategy that spans workers (kmp.parallelize, kmp-launch; on JAX, once "
+        "kmp finds or starts jax.distributed over several processes)",
         lambda: _fit_takes("verbose")),
     _feature(
         "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
         "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
         "given different kmp callbacks, or inputs with different numbers of steps",
         ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
-        "kmp-launch)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
+        "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
     _feature(
         "stall_watchdog_on_every_fit",
         "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
@@ -73,13 +74,13 @@ FEATURES: tuple[Patch, ...] = (
         "waits forever)", ("keras.Model.fit",), "kmp-launch --stall-timeout, before the script",
         lambda: _fit_takes("callbacks"), after=("same_callbacks_on_every_worker",)),
     _feature(
-        "placed_model_clone_warning", "keras_mgpu_plugins.model_parallel.factory:wrap_clone_model",
+        "placed_model_clone_warning", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_clone_model",
         "keras.models.clone_model of a model_parallel / hybrid model silently returns a model "
         "that runs on one device", ("keras.models.clone_model",), _MP,
         lambda: _has("keras.models.clone_model"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/cloning.py"),
     _feature(
-        "placement_records_layer_calls", "keras_mgpu_plugins.model_parallel.placement:wrap_layer_call",
+        "placement_records_layer_calls", "keras_mgpu_plugins.backends.tensorflow.model_parallel.placement:wrap_layer_call",
         "model_parallel: the tf.device / keras.device scopes around layer calls in the factory "
         "are lost in fit (every layer runs on one device)", ("keras.layers.Layer.__call__",),
         "while a model_parallel / hybrid factory runs (undone when it returns)",
@@ -90,43 +91,43 @@ FEATURES: tuple[Patch, ...] = (
         ("keras.src.ops.function.Function._run_through_graph",), _MP, _graph_hook_there,
         upstream=_GRAPH, per_instance=True),
     _feature(
-        "placed_layer_call", "keras_mgpu_plugins.model_parallel.placement:wrap_in_device",
+        "placed_layer_call", "keras_mgpu_plugins.backends.tensorflow.model_parallel.placement:wrap_in_device",
         "model_parallel, subclassed model: its layers run where TensorFlow puts them (one device)",
         ("keras.layers.Layer.call", "keras.layers.Layer.build"), _MP,
         lambda: _has("keras.layers.Layer.build"), per_instance=True),
     _feature(
-        "placed_train_step", "keras_mgpu_plugins.model_parallel.pipeline:set_train_step",
+        "placed_train_step", "keras_mgpu_plugins.backends.tensorflow.model_parallel.pipeline:set_train_step",
         "model_parallel: gradients computed on one device; micro_batches has no effect",
         ("keras.Model.train_step",), _MP, lambda: _has("keras.Model.train_step"),
         per_instance=True),
     _feature(
         "placed_compile_keeps_placement",
-        "keras_mgpu_plugins.model_parallel.factory:wrap_compile",
+        "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_compile",
         "model_parallel: after compiling again, the optimizer's slots (Adam's moments) are all "
         "on one device, and jit_compile puts the whole model on one device",
         ("keras.Model.compile",), _MP, lambda: _has("keras.Model.compile"), per_instance=True),
     _feature(
         "hybrid_compile_in_strategy_scope",
-        "keras_mgpu_plugins.model_parallel.hybrid:wrap_compile",
+        "keras_mgpu_plugins.backends.tensorflow.model_parallel.hybrid:wrap_compile",
         "hybrid: a model compiled again outside the strategy's scope gets an optimizer "
         "outside the strategy", ("keras.Model.compile",), _MP,
         lambda: _has("keras.Model.compile"), after=("placed_compile_keeps_placement",),
         per_instance=True),
     _feature(
-        "placed_optimizer_slots", "keras_mgpu_plugins.model_parallel.factory:wrap_slot_creation",
+        "placed_optimizer_slots", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_slot_creation",
         "model_parallel: the optimizer's slot variables are all created on one device (out of "
         "memory on the first GPU)", ("keras.optimizers.Optimizer.add_variable_from_reference",),
         _MP, lambda: _has("keras.optimizers.Optimizer.add_variable_from_reference"),
         per_instance=True),
     _feature(
         "placement_report_on_first_fit",
-        "keras_mgpu_plugins.model_parallel.factory:wrap_fit_with_report",
+        "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_fit_with_report",
         "model_parallel: no table of which layers run on which device before the first fit",
         ("keras.Model.fit",), _MP, lambda: _fit_takes("batch_size", "verbose"),
         per_instance=True),
     _feature(
         "multi_gpu_parallel_methods",
-        "keras_mgpu_plugins._multi_gpu_link:forward_parallel_methods",
+        "keras_mgpu_plugins.backends.tensorflow.multi_gpu_link:forward_parallel_methods",
         "kmp.multi_gpu_model: compile/fit of the parallel model leave the template's weights "
         "stale, or create the optimizer outside the strategy",
         tuple(f"multi_gpu_model's parallel keras.Model.{m}"
@@ -135,13 +136,24 @@ FEATURES: tuple[Patch, ...] = (
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/trainer.py",
         per_instance=True),
     _feature(
-        "multi_gpu_template_watch", "keras_mgpu_plugins._multi_gpu_link:watch_template",
+        "multi_gpu_template_watch", "keras_mgpu_plugins.backends.tensorflow.multi_gpu_link:watch_template",
         "kmp.multi_gpu_model: weights set or loaded on the template model are not seen by the "
         "parallel model", ("multi_gpu_model's template keras.Model.set_weights",
                            "multi_gpu_model's template keras.Model.load_weights"),
         "kmp.multi_gpu_model(model)", lambda: _has("keras.Model.load_weights"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/model.py",
         per_instance=True),
+    _feature(
+        "jax_inputs_as_on_one_device", "keras_mgpu_plugins.backends.jax.data:wrap_model",
+        "JAX, several processes: fit/evaluate/predict refuse numpy inputs (auto_shard_dataset), "
+        "or with auto_shard_dataset=False each process's whole batch is a shard (P times the "
+        "batch); predict raises 'Fetching value for jax.Array that spans non-addressable "
+        "devices'; a model used outside the factory trains without its distribution",
+        ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict",
+         "keras.Model.predict_step"), "kmp.parallelize on the JAX backend (the factory's model)",
+        lambda: _fit_takes("batch_size", "shuffle", "validation_batch_size"),
+        upstream="https://github.com/keras-team/keras/issues/18560",
+        after=("placement_report_on_first_fit",), per_instance=True),
     _feature(
         "progbar_hidden_keys", "keras_mgpu_plugins.compat._private:wrap_history_epoch_end",
         "DeviceMetricsLogger(progbar='summary'): the progress bar still shows every per-device "

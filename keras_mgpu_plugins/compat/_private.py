@@ -29,6 +29,25 @@ logger = logging.getLogger("keras_mgpu_plugins")
 # --- private API: callbacks (initial epoch, messages, dispatch) ---
 
 
+def jax_initialize_rng() -> bool:
+    """Keras's `initialize_rng` after `jax.distributed.initialize` (one seed on every process).
+
+    Returns:
+        Whether it ran (`False`: Keras moved it; the caller agrees on a seed itself).
+    """
+    if not require("jax_initialize_rng"):
+        return False
+    importlib.import_module("keras.src.backend.jax.distribution_lib").initialize_rng()
+    return True
+
+
+def jax_backends_started() -> bool:
+    """Whether JAX's backends are initialised (`True` where that cannot be known)."""
+    if not require("jax_backends_started"):
+        return True
+    return bool(importlib.import_module("jax._src.xla_bridge").backends_are_initialized())
+
+
 def set_initial_epoch(model: Any, epoch: int) -> None:
     """Makes the running `fit` start at `epoch`, as Keras's `BackupAndRestore` does.
 
@@ -165,7 +184,9 @@ def loss_tracker_rows(model: Any) -> list[float] | None:
     tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
     if tracker is None or not require("loss_tracker_rows"):
         return None
-    counts = local_replica_values(model.distribute_strategy, tracker.count)
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's trainer only
+    counts = (tracker.count,) if strategy is None else local_replica_values(strategy,
+                                                                             tracker.count)
     return [float(np.asarray(v)) for v in counts]
 
 

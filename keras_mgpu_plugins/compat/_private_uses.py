@@ -63,7 +63,7 @@ class PrivateUse:
         outside: What happens when it is missing, changed, or below `min_version`.
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
-        library: Whose internals and versions: "keras" or "tensorflow".
+        library: Whose internals and versions: "keras", "tensorflow" or "jax".
     """
 
     name: str
@@ -87,11 +87,15 @@ def keras_version() -> str:
 
 
 def library_version(library: str) -> str:
-    """The installed version of "keras" or "tensorflow"."""
+    """The installed version of "keras", "tensorflow" or "jax"."""
     if library == "tensorflow":
         import tensorflow as tf
 
         return tf.__version__
+    if library == "jax":
+        import jax
+
+        return jax.__version__
     return keras_version()
 
 
@@ -197,5 +201,32 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
                checks.check_input_lib, "Use a TensorFlow version in that range.",
                library="tensorflow"),
+    PrivateUse("jax_initialize_rng", "keras.src.backend.jax.distribution_lib.initialize_rng "
+               "(what keras.distribution.initialize runs after jax.distributed.initialize)",
+               "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,
+               lambda: _missing("keras.src.backend.jax.distribution_lib", "initialize_rng"),
+               "The chief's random seed is broadcast and set with keras.utils.set_random_seed.",
+               fallback=True),
+    PrivateUse("jax_backends_started", "jax._src.xla_bridge.backends_are_initialized",
+               "kmp.topology() on JAX (the local devices are named without starting JAX, so "
+               "simulate_devices and jax.distributed can still follow)", "0.4.30", "0.12.0",
+               lambda: _missing("jax._src.xla_bridge", "backends_are_initialized"),
+               "kmp.topology() lists JAX's devices, which starts JAX's backend: call "
+               "kmp.simulate_devices or let the launcher initialise jax.distributed first.",
+               fallback=True, library="jax"),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
+
+
+def _missing(module: str, name: str) -> list[str]:
+    """`[]` if `module.name` is callable, else what is missing."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        return []  # reached on the JAX backend only: nothing to check without JAX
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError as err:
+        return [f"{module} cannot be imported ({err})"]
+    return [] if callable(found) else [f"{module}.{name} is gone"]

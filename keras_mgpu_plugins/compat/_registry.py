@@ -7,20 +7,17 @@ for a Keras class or module, `apply_to(name, obj, ...)` for one object). Every
 one goes through the same version decision (`_decide`: a results-changing
 patch fails closed outside its checked range) and the same order rule (a patch
 wrapping what another wraps declares it in `after`, and is applied outside it
-whatever order the calls come in); `unpatch_keras()` undoes every one. The
+whatever order the calls come in); `unpatch_keras()` undoes every one. The version
+decision and the minimum Keras for distribution are `compat._versions`. The
 record is `compat._record.Patch`; per-instance bookkeeping is `compat._instances`.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
-from packaging.version import Version
-
 from keras_mgpu_plugins.compat import _instances
-from keras_mgpu_plugins.compat._checks import version_predates
 from keras_mgpu_plugins.compat._features import FEATURES
 from keras_mgpu_plugins.compat._record import (
     ALLOW_UNCHECKED_ENV,
@@ -31,6 +28,12 @@ from keras_mgpu_plugins.compat._record import (
     shared,
 )
 from keras_mgpu_plugins.compat._table import WORKAROUNDS
+from keras_mgpu_plugins.compat._versions import (
+    MIN_KERAS_FOR_DISTRIBUTION,
+    _decide,
+    _refusal,
+    check_keras_for_distribution,
+)
 
 __all__ = [
     "ALLOW_UNCHECKED_ENV", "MIN_KERAS_FOR_DISTRIBUTION", "PATCHES", "Patch",
@@ -58,39 +61,6 @@ _DECLARED = {patch.name: patch for patch in PATCHES}
 def _by_name() -> dict[str, Patch]:
     """The records in force by name: the table's, over every declared one."""
     return {**_DECLARED, **{patch.name: patch for patch in PATCHES}}
-
-
-#: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
-#: does, measured with this package's 2-worker tests (tests/multi_worker/test_fit.py) on
-#: Keras 3.5, 3.7, 3.8, 3.9, 3.10 and 3.15. Before 3.8, gradients are summed across
-#: replicas, so N replicas train with N times the learning rate (keras-team/keras#19891,
-#: fixed by keras-team/keras#20609 in 3.8.0); 3.8 and 3.9 train right but log metrics
-#: (loss, val_loss) that differ from one process's under MultiWorkerMirroredStrategy.
-MIN_KERAS_FOR_DISTRIBUTION = "3.10.0"
-
-
-def check_keras_for_distribution() -> None:
-    """Raises if the installed Keras would train or log wrongly under a distributing strategy.
-
-    Raises:
-        RuntimeError: With Keras older than `MIN_KERAS_FOR_DISTRIBUTION` (TensorFlow
-            backend), naming what goes wrong and the upgrade.
-    """
-    import keras
-
-    version = keras.__version__
-    if keras.backend.backend() != "tensorflow" or Version(version) >= Version(
-        MIN_KERAS_FOR_DISTRIBUTION
-    ):
-        return
-    what = ("sums gradients across replicas: N replicas train with N times the learning rate "
-            "(keras-team/keras#19891)" if Version(version) < Version("3.8.0") else
-            "logs metrics across workers that differ from one process's")
-    raise RuntimeError(
-        f"Keras {version} {what}. keras_mgpu_plugins needs Keras >= "
-        f"{MIN_KERAS_FOR_DISTRIBUTION} to train on several devices or workers: "
-        f"pip install 'keras>={MIN_KERAS_FOR_DISTRIBUTION}'."
-    )
 
 
 def patch_keras() -> list[str]:
@@ -269,38 +239,6 @@ def _apply_all(patches: list[Patch], args: tuple = (), obj: Any = None) -> None:
         _warn_once("kmp.compat: outside the versions these patches were checked for: "
                    + "; ".join(notes) + ". If distributed fit fails or differs from one "
                    "device, please report it with these versions.")
-
-
-def _decide(patch: Patch) -> tuple[str, str]:
-    """What to do with `patch`: ("apply" | "skip" | "refuse", why, "" within the checked range)."""
-    version = patch.installed_version()
-    if version_predates(version, patch.min_version):
-        return "skip", ""  # an older library lacks the code it fixes
-    present = patch.present()
-    library = _LIBRARY_NAMES[patch.library]
-    if patch.applies_to(version) and present is not False:
-        return "apply", ""
-    state = {True: "still has the code it fixes", False: "no longer has the code it fixes",
-             None: "its code cannot be read"}[present]
-    why = f"{library} {version} {state}; checked for {patch.checked_range()}"
-    if patch.changes_results and os.environ.get(ALLOW_UNCHECKED_ENV) != "1":
-        return "refuse", why
-    return ("apply" if present else "skip"), why
-
-
-def _refusal(refused: list[tuple[Patch, str]]) -> str:
-    rows = "\n".join(f"  - {patch.name} ({patch.upstream}): {why}" for patch, why in refused)
-    ranges = " ".join(
-        f"'{library}>={max((p.min_version for p, _ in refused if p.library == library), key=Version)},"
-        f"<{min((p.max_version for p, _ in refused if p.library == library), key=Version)}'"
-        for library in sorted({patch.library for patch, _ in refused}))
-    return (
-        "keras_mgpu_plugins cannot verify, on the installed versions, the patches without which "
-        "distributed training gives other numbers than one device (each is checked for the "
-        f"range named):\n{rows}\nInstall versions in the checked range (pip install {ranges}), "
-        f"or set {ALLOW_UNCHECKED_ENV}=1 on every worker to apply them where the code they fix "
-        "is still there, and compare the results with one device yourself."
-    )
 
 
 def _warn_once(message: str) -> None:

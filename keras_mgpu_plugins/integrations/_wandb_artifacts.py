@@ -3,7 +3,7 @@
 `wandb.Artifact.add_file` reads the whole file (a copy into W&B's staging
 area and an MD5), which on the training thread would undo `async_save`.
 `ArtifactQueue.log` only pins the checkpoint's content on the training thread
-(a hard link beside it, named as `_atomic.temp_path` names temporaries, so a
+(a hard link beside it, named as `io.atomic.temp_path` names temporaries, so a
 later save to the same path cannot change what is logged), and one background
 thread builds and logs the artifacts in order. `wait` (before the run
 finishes) lets the queue drain; an error there is logged as a warning, since
@@ -19,17 +19,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from keras_mgpu_plugins.callbacks import _atomic
 from keras_mgpu_plugins.integrations._wandb_logic import checkpoint_aliases
+from keras_mgpu_plugins.io import atomic
 
 logger = logging.getLogger("keras_mgpu_plugins.integrations.wandb")
 
 
 def pin(path: Path) -> Path | None:
     """A hard link to the file `path` (its content as of now), or `None` if none can be made."""
-    if path.is_dir() or _atomic.is_remote(str(path)):
+    if path.is_dir() or atomic.is_remote(str(path)):
         return None
-    link = Path(_atomic.temp_path(str(path), "".join(path.suffixes)))
+    link = Path(atomic.temp_path(str(path), "".join(path.suffixes)))
     try:
         os.link(path, link)
     except OSError:  # no hard links on this file system
@@ -70,7 +70,7 @@ class ArtifactQueue:
                                item[1]["path"], exc_info=True)
             finally:
                 if item[3] is not None:
-                    _atomic.remove(str(item[3]))
+                    atomic.remove(str(item[3]))
                 self._queue.task_done()
 
 

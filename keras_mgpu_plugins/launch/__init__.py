@@ -23,13 +23,18 @@ and `python -m keras_mgpu_plugins.launch` run `main` (`launch._cli`).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from keras_mgpu_plugins.launch._common import (  # noqa: F401 - WORKER_ENV_VARS re-exported
+    WORKER_ENV_VARS,
+    _check_common,
+    _run,
+    _worker_environ,
+)
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
@@ -38,8 +43,6 @@ from keras_mgpu_plugins.launch._errors import (
 )
 
 #: Variables the launcher sets in each worker; `env` may not override them.
-WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
-                   "KMP_JOB_DIR")
 
 
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
@@ -55,7 +58,9 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     With several workers and `create_strategy=True`, each worker creates its
     `MultiWorkerMirroredStrategy` (`kmp.strategy.get_strategy("multi_worker")`)
     before `fn` is even unpickled, as TensorFlow requires; `kmp.parallelize`
-    in `fn` then uses it.
+    in `fn` then uses it. With `KERAS_BACKEND=jax`, each worker initialises
+    `jax.distributed` there instead (the coordinator on worker 0's port, bound
+    to 127.0.0.1), and `kmp.parallelize` distributes over every process.
 
     `fn` travels with cloudpickle: lambdas, closures and functions defined in
     `__main__` or a notebook work; a function from an importable module is sent
@@ -112,16 +117,6 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     return _run(spec, num_workers, timeout, environ, payload, output, log_dir)
 
 
-def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
-         payload: bytes | None = None, output: str = "chief",
-         log_dir: str | None = None) -> list[Any]:
-    # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
-    # this package first, and must not have imported its own module already.
-    from keras_mgpu_plugins.launch._supervisor import run
-
-    return run(spec, num_workers, timeout, environ, payload, output, log_dir)
-
-
 def _check_output(output: Any, log_dir: Any) -> None:
     if output not in ("chief", "all"):
         raise ValueError(f'output must be "chief" (only worker 0\'s output shown) or "all". '
@@ -142,21 +137,6 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
-
-
-def _check_common(num_workers: Any, timeout: Any) -> None:
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ValueError(
-            f"num_workers must be a positive integer. Received: num_workers={num_workers!r}")
-    if timeout is not None and (
-        not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-        or not math.isfinite(timeout) or timeout <= 0
-    ):
-        raise ValueError(
-            f"timeout must be a positive number of seconds or None. Received: timeout={timeout!r}")
-    if not hasattr(os, "killpg"):
-        raise LaunchError("kmp.launch needs a POSIX system (process groups); "
-                          f"this is {sys.platform!r}.")
 
 
 def _pickle_payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:
@@ -184,26 +164,6 @@ def _picklable(value: Any) -> bool:
     except Exception:
         return False
     return True
-
-
-def _worker_environ(env: Mapping[str, str | None] | None) -> dict[str, str]:
-    environ = dict(os.environ)
-    if env is None:
-        return environ
-    if not isinstance(env, Mapping):
-        raise TypeError(f"env must be a dict of str to str or None. Received: env={env!r}")
-    for key, value in env.items():
-        if not isinstance(key, str) or not (value is None or isinstance(value, str)):
-            raise TypeError(f"env must map str to str or None. Received: env[{key!r}]={value!r}")
-        if key in WORKER_ENV_VARS:
-            raise ValueError(
-                f"env may not set {key}: kmp.launch sets it for each worker (reserved: "
-                f"{', '.join(WORKER_ENV_VARS)}). Received: env={dict(env)!r}")
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = value
-    return environ
 
 
 from keras_mgpu_plugins.launch._cli import _split_argv, main  # noqa: E402,F401 - the CLI, re-exported

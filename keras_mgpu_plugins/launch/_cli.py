@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from keras_mgpu_plugins.launch import _check_common, _run, _worker_environ
+from keras_mgpu_plugins.launch._common import _check_common, _run, _worker_environ
 from keras_mgpu_plugins.launch._errors import LaunchError, LaunchTimeoutError, WorkerFailedError
 
 _CLI_DESCRIPTION = """\
@@ -29,7 +29,9 @@ private folder the workers share, removed at the end). Unless
 --no-strategy is given, each worker creates its MultiWorkerMirroredStrategy
 before the script starts (TensorFlow needs collective ops configured before
 its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the
-script creates itself, then uses it.
+script creates itself, then uses it. With KERAS_BACKEND=jax, each worker
+initialises jax.distributed instead (coordinator: worker 0's port, bound to
+127.0.0.1), and kmp.parallelize uses keras.distribution over every process.
 
 Output: every worker's stdout and stderr go to its log file,
 $TMPDIR/kmp-launch-logs/<job id>/worker-<i>.log (--log-dir DIR to choose the

@@ -21,11 +21,10 @@ import threading
 import time
 from typing import Any
 
+from keras_mgpu_plugins.errors import STALL_EXIT_CODE
 from keras_mgpu_plugins.launch import _worker
 from keras_mgpu_plugins.launch._errors import LaunchError
 
-#: Exit code of a worker stopped by `StallWatchdog` (its module imports Keras: not here).
-STALL_EXIT_CODE = 70
 _TAIL_LINES = 20
 _output_lock = threading.Lock()
 

@@ -21,19 +21,18 @@ Nothing here imports TensorFlow unless step 3 applies.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import runpy
 import signal
 import sys
 import threading
 import time
-import traceback
+
+from keras_mgpu_plugins.io import atomic  # the package's one atomic writer (no backend)
+from keras_mgpu_plugins.launch._exit import _exit_after_failure, _user_traceback
 
 #: Seconds between two checks that the launcher is still alive.
 PARENT_POLL_INTERVAL = 0.5
-EXIT_GRACE_S = 5.0  # for atexit handlers after a failure
 
 _LOAD_HINT = (
     "kmp.launch could not load fn in this worker. Functions and classes are sent by "
@@ -98,7 +97,7 @@ def _run_function(spec: dict, out: str, errors: str) -> int:
         note = f"fn returned a {type(value).__qualname__}, which cannot be pickled back."
         _write_error(errors, err, note)
         return 1
-    _write_atomic(out, data)
+    atomic.write_bytes_atomic(out, data)
     return 0
 
 
@@ -128,19 +127,6 @@ def _maybe_create_strategy(spec: dict) -> None:
             stall_timeout=spec.get("stall_timeout"))
 
 
-def _user_traceback(err: BaseException) -> str:
-    """The traceback text of `err` without the bootstrap's own frames, as Python prints it."""
-    from keras_mgpu_plugins import run
-
-    tb = err.__traceback__
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, run.__file__)
-        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
-    ):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(err), err, tb))
-
-
 def _write_error(out: str, err: BaseException, note: str | None, text: str | None = None) -> None:
     text = text or _user_traceback(err)
     if note:
@@ -153,7 +139,7 @@ def _write_error(out: str, err: BaseException, note: str | None, text: str | Non
         exc_data = None
     try:
         record = ("error", type(err).__name__, exc_data, time.time(), text)
-        _write_atomic(out, pickle.dumps(record))
+        atomic.write_bytes_atomic(out, pickle.dumps(record))
     except OSError:
         print(text, file=sys.stderr)
 
@@ -174,16 +160,6 @@ def read_error(path: str) -> tuple[str, BaseException | None, float, str] | None
     except Exception:
         exc = None
     return type_name, exc, when, text
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    from keras_mgpu_plugins.callbacks import _atomic  # the package's one atomic writer
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    _atomic.atomic_write(path, write)
 
 
 def _exit_code(exit_: SystemExit) -> int:
@@ -209,25 +185,6 @@ def _watch_parent(parent_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="kmp-parent-watchdog", daemon=True).start()
-
-
-def _exit_after_failure(code: int, grace: float = EXIT_GRACE_S) -> None:
-    """Exits with `code` even when TensorFlow's runtime would hold the interpreter.
-
-    After a failure the collective runtime can block interpreter shutdown (an
-    all-reduce still waits for a peer), and the launcher would then report a kill
-    instead of this exit code. The failure is already recorded; `atexit` handlers
-    (e.g. a W&B run's flush) get `grace` seconds, then the process ends.
-    """
-    import atexit
-
-    finisher = threading.Thread(target=atexit._run_exitfuncs, daemon=True)
-    finisher.start()
-    finisher.join(grace)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from keras_mgpu_plugins.model_parallel import costs as _costs
+from keras_mgpu_plugins.model_parallel import plans
 from keras_mgpu_plugins.model_parallel.balance import bubble_fraction
 
 
@@ -16,6 +17,7 @@ class DeviceRow:
     Attributes:
         device: Canonical device name, e.g. `/device:GPU:1`.
         layers: Its layer calls in execution order (`name#k`: k-th call of a shared layer).
+            On JAX: the variables it holds, a shard as `path[rows, columns]`.
         parameter_bytes: Bytes of the variables it holds.
         optimizer_bytes: Bytes of the optimizer slots beside them (measured once the
             optimizer is built, estimated before).
@@ -47,6 +49,9 @@ class PlacementReport:
         num_workers: Workers training data parallel, each holding this placement
             (`strategy="hybrid"`; 1 for `"model_parallel"`).
         worker_index: This worker's rank among them.
+        layouts: On JAX, `(variable path, layout)` for each model variable: its mesh
+            axes per dimension and why (sharded, replicated as small or as not
+            dividing over the devices, or the `layout_map` key); empty on TensorFlow.
     """
 
     rows: tuple[DeviceRow, ...]
@@ -56,6 +61,7 @@ class PlacementReport:
     optimizer_measured: bool
     num_workers: int = 1
     worker_index: int = 0
+    layouts: tuple[tuple[str, str], ...] = ()
 
     def row(self, device: str) -> DeviceRow:
         """The row of `device` (canonical spelling, e.g. `/device:CPU:1`)."""
@@ -73,12 +79,18 @@ class PlacementReport:
         widths[1] = min(widths[1], 60)
         lines = [f"Placement ({len(self.rows)} stages, batch {self.batch}, micro_batches "
                  f"{self.micro_batches}, expected bubble {self.bubble_fraction:.0%})"]
+        if self.layouts:  # JAX: every device runs every layer on its shards
+            head = ("device", "variables", *head[2:])
+            lines = [f"Sharded over {len(self.rows)} devices (batch {self.batch})"]
         if self.num_workers > 1:
             lines[0] = (f"Hybrid: {self.num_workers} workers (data parallel) x {len(self.rows)} "
                         f"devices each (model parallel); this is worker {self.worker_index}, "
                         "every worker holds the same placement\n" + lines[0])
         for cells in [head, *body]:
             lines.append("  ".join(_fit(str(c), w) for c, w in zip(cells, widths, strict=True)).rstrip())
+        if self.layouts:
+            lines.append("Layouts (mesh axis per dimension):")
+            lines.extend(f"  {path}  {layout}" for path, layout in self.layouts)
         return "\n".join(lines)
 
 
@@ -100,7 +112,9 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
     Args:
         model: A model returned by a factory decorated with
             `@kmp.parallelize(strategy="model_parallel")` or `strategy="hybrid"` (each
-            worker reports its own devices; every worker holds the same placement).
+            worker reports its own devices; every worker holds the same placement). On
+            JAX the rows list the variables (or shards) each device holds, bytes measured
+            from the arrays' shards, and `layouts` the layout of every variable.
         batch_size: Batch size for the activation and transfer estimates (default: the
             model input's fixed batch size, else 32).
 
@@ -113,16 +127,15 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
     Example:
         >>> print(kmp.placement_report(model))
     """
-    from keras_mgpu_plugins.model_parallel import devices as _devices
-    from keras_mgpu_plugins.model_parallel.factory import PLANS
-    from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
-
-    plan = PLANS.get(model)
-    if plan is None:
+    placed = plans.of(model)
+    if placed is None:
         raise ValueError(
             "placement_report takes a model built by a factory decorated with "
             "@kmp.parallelize(strategy='model_parallel'). Received: a model that was not placed."
         )
+    if getattr(placed.plan, "sharded", False):  # JAX: variables sharded, not layers placed
+        return placed.plan.report(model, batch_size)
+    plan, canonical = placed.plan, placed.canonical
     est = _costs.Estimator(model)
     batch = batch_size or est.batch
     est.batch = batch
@@ -136,11 +149,11 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
         if id(call.layer) not in owner:
             owner[id(call.layer)] = call.device
             for v in call.layer.weights:  # where the variable lives
-                device = _devices.canonical(v.value.device) if v.value.device else call.device
+                device = canonical(v.value.device) if v.value.device else call.device
                 per.get(device, row)["params"] += est.parameter_bytes_of(v)
         row["act"] += est.activation_bytes(call.node)
         for v in call.layer.weights:  # a shared layer's variables, read from their device
-            if v.value.device and _devices.canonical(v.value.device) != call.device:
+            if v.value.device and canonical(v.value.device) != call.device:
                 row["transfer"] += est.parameter_bytes_of(v)
         if call.node is not None:
             for t in call.node.outputs:
@@ -156,7 +169,7 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
         for v in optimizer.variables:
             if id(v.value) in tracked or len(v.shape) == 0:
                 continue
-            device = _devices.canonical(v.value.device or plan.devices[0])
+            device = canonical(v.value.device or plan.devices[0])
             if device in per:
                 per[device]["opt"] += est.parameter_bytes_of(v)
     else:
@@ -166,4 +179,4 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
                  for d, r in per.items())
     return PlacementReport(rows, batch, plan.micro_batches,
                            bubble_fraction(len(rows), plan.micro_batches), measured,
-                           *WORKERS.get(model, (1, 0)))
+                           placed.workers, placed.worker_index)

@@ -47,10 +47,6 @@ def of(model: Any = None) -> Runtime:
     Read at call time, never cached by the caller across `fit` calls: the model's
     distribution can change (a model built again, a strategy created later).
     """
-    import keras
+    from keras_mgpu_plugins import backends
 
-    if keras.backend.backend() == "tensorflow":
-        from keras_mgpu_plugins.backends.tensorflow.runtime import TensorFlowRuntime
-
-        return TensorFlowRuntime.for_model(model)
-    return SingleProcess()
+    return backends.current().runtime_of(model)

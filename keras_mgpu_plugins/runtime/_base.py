@@ -160,13 +160,7 @@ class Runtime:
             SettingsDifferError: On every worker, naming the settings that differ
                 from the chief's, this worker's values and the workers that differ.
         """
-        if not self.spans_workers:
-            return
-        names = sorted(settings)
-        digests = np.array([zlib.crc32(repr(settings[n]).encode()) for n in names], np.int64)
-        gathered = self.all_gather(digests)
-        differ = {n: np.flatnonzero(gathered[:, i] != gathered[0, i]) for i, n in enumerate(names)}
-        differ = {n: ranks for n, ranks in differ.items() if ranks.size}
+        differ = self.settings_differ(settings)
         if differ:
             details = "; ".join(
                 f"{n} (here {settings[n]!r}; differs from the chief's on worker(s) "
@@ -177,6 +171,30 @@ class Runtime:
                 "where it runs collective operations, and a worker that runs fewer would leave "
                 f"the others waiting. Differing: {details}."
             )
+
+    def settings_differ(self, settings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The settings whose value differs from the chief's, each with the workers where it does.
+
+        The same answer on every worker: one all-gather of one CRC-32 per setting (of its
+        `repr`) when spanning workers; `{}` otherwise.
+        """
+        if not self.spans_workers:
+            return {}
+        names = sorted(settings)
+        digests = np.array([zlib.crc32(repr(settings[n]).encode()) for n in names], np.int64)
+        gathered = self.all_gather(digests)
+        differ = {n: np.flatnonzero(gathered[:, i] != gathered[0, i]) for i, n in enumerate(names)}
+        return {n: ranks for n, ranks in differ.items() if ranks.size}
+
+    def gather_texts(self, text: str) -> list[str]:
+        """Every worker's `text` (UTF-8), in worker order: two all-gathers (lengths, bytes)."""
+        data = text.encode()
+        lengths = self.all_gather(np.array([len(data)]))[:, 0]
+        padded = np.zeros(int(lengths.max()), np.int64)
+        padded[:len(data)] = np.frombuffer(data, np.uint8)
+        rows = self.all_gather(padded)
+        return [bytes(row[:int(n)].astype(np.uint8)).decode() for row, n in
+                zip(rows, lengths, strict=True)]
 
     def describe(self) -> dict[str, Any]:
         """How the model is distributed, for experiment records (backend-provided keys)."""
@@ -215,6 +233,21 @@ class SingleProcess(Runtime):
     @property
     def spans_workers(self) -> bool:
         return False
+
+    def track(self, variables: list, optimizer_vars: list, statistics: Any, key: tuple) -> Any:
+        """One process on one device: each variable is its own only copy, nothing to compare
+        (`WeightSyncVerifier` then checks nothing, as on one TensorFlow device)."""
+        return _OneCopyEach(key)
+
+
+class _OneCopyEach:
+    """The tracked variables of a one-device process: one replica, no copies to compare."""
+
+    def __init__(self, key: tuple) -> None:
+        self.key, self.replicas = key, 1
+        self.paths: list[str] = []
+        self.roles: list[str] = []
+        self.copies: list[tuple] = []
 
 
 def encode_error(error: BaseException | None) -> np.ndarray:

@@ -1,18 +1,22 @@
-"""The real GPU sampler: TensorFlow's allocator, and NVML where it is installed.
+"""The real GPU sampler: the backend's allocator, and NVML where it is installed.
 
-- Memory in use and its peak come from `tf.config.experimental.get_memory_info`
-  (bytes TensorFlow's allocator hands out, not the pool it reserved), and the
-  peak restarts at `tf.config.experimental.reset_memory_stats`.
+- The GPUs, and memory in use and its peak, come from the active backend
+  (`backends.current().gpu_memory()`, a `GPUMemory`: `devices`, `read(name)` as
+  `{"current", "peak"}` bytes, `reset_peak(name)`). On TensorFlow:
+  `tf.config.experimental.get_memory_info` (bytes its allocator hands out, not
+  the pool it reserved), the peak restarting at `reset_memory_stats`. On JAX:
+  `Device.memory_stats()` (`bytes_in_use`, `peak_bytes_in_use`), whose peak
+  never restarts.
 - Utilisation, power and temperature come from NVML (`pip install
   keras_mgpu_plugins[nvml]`, the `nvidia-ml-py` package), imported lazily.
   Without it, or without an NVIDIA driver, those fields are left out.
 
 NVML numbers devices in PCI bus order and ignores `CUDA_VISIBLE_DEVICES`; CUDA
-(and so TensorFlow) numbers the visible devices, fastest first unless
-`CUDA_DEVICE_ORDER=PCI_BUS_ID`. TensorFlow's GPU `i` is mapped to NVML through
+(and so the backend) numbers the visible devices, fastest first unless
+`CUDA_DEVICE_ORDER=PCI_BUS_ID`. The backend's GPU `i` is mapped to NVML through
 `CUDA_VISIBLE_DEVICES` (indices or UUIDs); when it goes by index and
 `CUDA_DEVICE_ORDER` is not `PCI_BUS_ID`, a device whose NVML name differs from
-TensorFlow's is not read from NVML (a warning says so).
+the backend's is not read from NVML (a warning says so).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from keras_mgpu_plugins.samplers.base import MB
 
@@ -49,14 +53,43 @@ def nvml_targets(ordinals: list[int], cuda_visible_devices: str | None) -> list[
     return targets
 
 
-def logical_to_physical(tf: Any) -> list[tuple[int, Any]]:
-    """For each logical GPU, its CUDA ordinal and physical device, in order."""
-    mapping = []
-    for physical in tf.config.get_visible_devices("GPU"):
-        ordinal = int(physical.name.rpartition(":")[2])
-        split = tf.config.get_logical_device_configuration(physical)
-        mapping += [(ordinal, physical)] * (len(split) if split else 1)
-    return mapping
+class GPUDevice(NamedTuple):
+    """One GPU of this process, as a backend's `gpu_memory().devices` describes it.
+
+    Attributes:
+        name: Its name in readings, `"GPU:i"` (`i`: the backend's order).
+        ordinal: Its CUDA device ordinal (several logical GPUs may share one).
+        physical: The backend's name of the physical device, for messages.
+        framework: Whose device it is, for messages (`"TensorFlow"`, `"JAX"`).
+        model: The GPU's model as CUDA names it (`"NVIDIA H100 80GB HBM3"`), or
+            `None`: compared with NVML's name when devices are mapped by index.
+    """
+
+    name: str
+    ordinal: int
+    physical: str
+    framework: str
+    model: str | None = None
+
+
+class GPUMemory(Protocol):
+    """A backend's GPUs and their allocators (`backends.current().gpu_memory()`).
+
+    The backend's framework is bound when it is made: reads import nothing.
+
+    Attributes:
+        devices: This process's GPUs, in the backend's order.
+    """
+
+    devices: list[GPUDevice]
+
+    def read(self, name: str) -> dict[str, int] | None:
+        """`{"current": bytes, "peak": bytes}` for device `name`, or `None` without a reading."""
+        ...
+
+    def reset_peak(self, name: str) -> None:
+        """Restarts `name`'s peak at its current use, where the backend can."""
+        ...
 
 
 class GPUSampler:
@@ -75,16 +108,16 @@ class GPUSampler:
     """
 
     def __init__(self, use_nvml: bool = True) -> None:
-        import tensorflow as tf
+        from keras_mgpu_plugins import backends
 
-        self._tf = tf
-        mapping = logical_to_physical(tf) if tf.config.list_physical_devices("GPU") else []
-        self._devices = [f"GPU:{i}" for i in range(len(mapping))]
-        self._handles: list[Any] = [None] * len(mapping)
+        self._source: GPUMemory = backends.current().gpu_memory()
+        gpus = list(self._source.devices)
+        self._devices = [gpu.name for gpu in gpus]
+        self._handles: list[Any] = [None] * len(gpus)
         self._pynvml: Any = None
         self.nvml_error: str | None = None
-        if mapping and use_nvml:
-            self._open_nvml(mapping)
+        if gpus and use_nvml:
+            self._open_nvml(gpus)
 
     def devices(self) -> list[str]:
         return list(self._devices)
@@ -97,10 +130,7 @@ class GPUSampler:
 
     def reset_peaks(self) -> None:
         for name in self._devices:
-            try:
-                self._tf.config.experimental.reset_memory_stats(name)
-            except (ValueError, RuntimeError, self._tf.errors.OpError):
-                pass
+            self._source.reset_peak(name)
 
     def close(self) -> None:
         """Releases NVML (reference counted by NVML itself)."""
@@ -112,9 +142,8 @@ class GPUSampler:
             self._pynvml = None
 
     def _memory(self, name: str) -> dict[str, float]:
-        try:
-            info = self._tf.config.experimental.get_memory_info(name)
-        except (ValueError, RuntimeError, self._tf.errors.OpError):
+        info = self._source.read(name)  # None: the backend has no reading
+        if info is None:
             return {}
         return {"memory_mb": info["current"] / MB, "peak_memory_mb": info["peak"] / MB}
 
@@ -136,7 +165,7 @@ class GPUSampler:
                 out[field] = math.nan
         return out
 
-    def _open_nvml(self, mapping: list[tuple[int, Any]]) -> None:
+    def _open_nvml(self, gpus: list[GPUDevice]) -> None:
         try:
             import pynvml
         except ImportError:
@@ -148,11 +177,11 @@ class GPUSampler:
             self.nvml_error = f"NVML could not start ({err})"
             return
         self._pynvml = pynvml
-        targets = nvml_targets([o for o, _ in mapping], os.environ.get("CUDA_VISIBLE_DEVICES"))
-        for i, ((_, physical), target) in enumerate(zip(mapping, targets, strict=True)):
-            self._handles[i] = self._handle(pynvml, physical, target)
+        targets = nvml_targets([g.ordinal for g in gpus], os.environ.get("CUDA_VISIBLE_DEVICES"))
+        for i, (gpu, target) in enumerate(zip(gpus, targets, strict=True)):
+            self._handles[i] = self._handle(pynvml, gpu, target)
 
-    def _handle(self, pynvml: Any, physical: Any, target: int | str) -> Any:
+    def _handle(self, pynvml: Any, gpu: GPUDevice, target: int | str) -> Any:
         try:
             if isinstance(target, int):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(target)
@@ -160,17 +189,17 @@ class GPUSampler:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(target)
             nvml_name = pynvml.nvmlDeviceGetName(handle)
         except pynvml.NVMLError as err:
-            logger.warning("NVML has no device %r for %s (%s)", target, physical.name, err)
+            logger.warning("NVML has no device %r for %s (%s)", target, gpu.physical, err)
             return None
         if isinstance(target, str) or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
             return handle  # a UUID, or both number devices in PCI bus order
-        tf_name = self._tf.config.experimental.get_device_details(physical).get("device_name")
-        if tf_name and nvml_name and tf_name.strip().lower() != str(nvml_name).strip().lower():
+        model = gpu.model
+        if model and nvml_name and model.strip().lower() != str(nvml_name).strip().lower():
             logger.warning(
-                "NVML device %r is a %s but TensorFlow's %s is a %s; set "
+                "NVML device %r is a %s but %s's %s is a %s; set "
                 "CUDA_DEVICE_ORDER=PCI_BUS_ID so both number GPUs alike. Utilisation, "
                 "power and temperature are not reported for it.",
-                target, nvml_name, physical.name, tf_name,
+                target, nvml_name, gpu.framework, gpu.physical, model,
             )
             return None
         return handle

@@ -77,31 +77,22 @@ def _fmt(value: float) -> str:
 class TensorBoardSink:
     """Writes each record as TensorBoard scalars at the global step.
 
-    Uses `tf.summary.write` with the scalar plugin's metadata, so it needs
-    TensorFlow only (not the `tensorboard` package) to write.
+    The event file is the backend's (`backends.current().summary_writer`: on
+    TensorFlow, `tf.summary.write` with the scalar plugin's metadata, so only
+    TensorFlow, not the `tensorboard` package, is needed); backends without
+    one raise, naming what to use instead.
 
     Args:
         log_dir: Directory of the event file.
     """
 
     def __init__(self, log_dir: str) -> None:
-        import tensorflow as tf
-        from tensorflow.core.framework import summary_pb2
+        from keras_mgpu_plugins import backends
 
-        self._tf = tf
-        self._writer = tf.summary.create_file_writer(os.fspath(log_dir))
-        self._metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-            data_class=summary_pb2.DATA_CLASS_SCALAR,
-        )
+        self._writer = backends.current().summary_writer(os.fspath(log_dir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        tf = self._tf
-        with self._writer.as_default():
-            for key, value in metrics.items():
-                if not math.isnan(value):
-                    tf.summary.write(key, tf.constant(value, tf.float32), step=step, metadata=self._metadata)
-        self._writer.flush()
+        self._writer.write(step, metrics)  # NaN values are left out
 
     def close(self) -> None:
         self._writer.close()

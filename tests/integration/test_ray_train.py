@@ -6,7 +6,7 @@ Runs `examples/ray_train.py --quick` as a user would: each Ray worker builds its
 Ray is a test-only, optional dependency (about 240 MB with its own dependencies, and this
 test takes 2 to 3 minutes on 2 CPU cores): without it the test is skipped. To run it:
 
-    pip install -e ".[test,ray]"
+    pip install -e ".[tensorflow,test,ray]"
     python -m pytest -m ray tests/integration/test_ray_train.py
 """
 

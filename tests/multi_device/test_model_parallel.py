@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.model_parallel.pipeline import TRACED
+from keras_mgpu_plugins.backends.tensorflow.model_parallel.pipeline import TRACED
 
 D0, D1 = "/device:CPU:0", "/device:CPU:1"
 SEEN: list[tuple[str, str]] = []
@@ -400,14 +400,17 @@ def test_stages_balance_memory_not_layer_counts():
 
 
 def test_clone_model_of_a_placed_model_warns_that_the_clone_is_unplaced():
-    from keras_mgpu_plugins.model_parallel.factory import PlacementNotClonedWarning
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel.factory import (
+        PlacementNotClonedWarning,
+    )
+    from keras_mgpu_plugins.model_parallel import plans
 
     placed = kmp.parallelize(strategy="model_parallel", devices=["/cpu:1", "/cpu:0"])(mlp)()
     with pytest.warns(PlacementNotClonedWarning,
                       match=r"clone_model\('mlp'\) returns an unplaced model.*call the "
                             r"decorated factory again"):
         clone = keras.models.clone_model(placed)
-    assert clone not in kmp.model_parallel.factory.PLANS
+    assert plans.of(clone) is None
     with pytest.raises(ValueError, match="placement_report takes a model built by"):
         kmp.placement_report(clone)
     import warnings

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     import keras_mgpu_plugins as kmp
     kmp.simulate_devices(4)
     import keras, numpy as np, tensorflow as tf
-    from keras_mgpu_plugins.model_parallel.pipeline import TRACED
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel.pipeline import TRACED
 
     out = {}
 

@@ -132,8 +132,8 @@ def test_a_model_with_its_own_train_step_keeps_it(caplog):
 
 
 def test_unscoped_calls_build_their_variables_on_the_staging_device():
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
     from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
-    from keras_mgpu_plugins.model_parallel import placement
 
     assert placement.staging_device() is None  # no GPU here: TensorFlow's default device
     with placement.recording(staging="/device:CPU:1") as scopes:
@@ -151,7 +151,7 @@ def test_unscoped_calls_build_their_variables_on_the_staging_device():
 
 def test_variables_staged_away_from_the_first_stage_end_on_their_stage(monkeypatch):
     """As on a machine with GPUs: built on the host (here CPU:1), then moved to their stage."""
-    from keras_mgpu_plugins.model_parallel import placement
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
 
     x, y = data()
     plain = mlp()
@@ -172,7 +172,7 @@ def test_variables_staged_away_from_the_first_stage_end_on_their_stage(monkeypat
 
 
 def test_staged_variables_that_no_pattern_places_go_to_the_first_device(monkeypatch):
-    from keras_mgpu_plugins.model_parallel import placement
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
 
     monkeypatch.setattr(placement, "staging_device", lambda: "/device:CPU:1")
     placed = kmp.parallelize(strategy="model_parallel",
@@ -184,9 +184,9 @@ def test_staged_variables_that_no_pattern_places_go_to_the_first_device(monkeypa
 
 
 def test_balance_weighs_parameters_optimizer_slots_and_activations():
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel.placement import Call
     from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
     from keras_mgpu_plugins.model_parallel import costs
-    from keras_mgpu_plugins.model_parallel.placement import Call
 
     inp = keras.Input((10,), batch_size=4)
     shared = keras.layers.Dense(3, name="weighed")

@@ -180,7 +180,7 @@ def test_evaluate_copies_weights_and_template_loads_are_taken_in():
 
 def test_predict_in_a_loop_reads_no_weight_until_the_template_is_given_some(monkeypatch):
     """Legacy loops call predict often: with nothing changed, no weight is read."""
-    from keras_mgpu_plugins import _multi_gpu_link
+    from keras_mgpu_plugins.backends.tensorflow import multi_gpu_link as _multi_gpu_link
 
     x, _ = data()
     model = sequential()
@@ -356,7 +356,7 @@ def test_replaced_methods_keep_keras_signature_and_doc():
 def test_refused_in_a_multi_worker_job(monkeypatch):
     import json
 
-    from keras_mgpu_plugins.strategy import StrategyError
+    from keras_mgpu_plugins.backends.tensorflow.strategy import StrategyError
 
     cluster = {
         "cluster": {"worker": ["localhost:1", "localhost:2"]},

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.strategy import StrategyError
+from keras_mgpu_plugins.backends.tensorflow.strategy import StrategyError
 
 
 def tiny_model(seed=1, compile=True):
@@ -266,7 +266,7 @@ def test_strategy_error_is_public():
 
 def test_one_mirrored_strategy_per_device_set_whatever_the_spelling():
     """Two MirroredStrategy objects over the same devices collide in TF's collectives."""
-    from keras_mgpu_plugins.strategy import get_strategy
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     a = get_strategy("mirrored")
     b = get_strategy("mirrored", ["/cpu:0", "/cpu:1"])

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(24
 
 def exchange():
     from keras_mgpu_plugins import collective
-    from keras_mgpu_plugins.strategy import get_strategy
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     strategy = get_strategy("multi_worker")
     rank = collective.worker_index()

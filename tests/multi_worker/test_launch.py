@@ -455,7 +455,7 @@ def test_workers_stop_when_the_parent_is_interrupted_or_dies(tmp_path, how, time
 def _all_reduce_after_a_tf_op():
     import tensorflow as tf
 
-    from keras_mgpu_plugins.strategy import get_strategy
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     before = tf.constant(1.0) + 1.0  # the runtime is running: a strategy made now would fail
     strategy = get_strategy("multi_worker")

@@ -150,7 +150,7 @@ def test_a_tutorial_script_creating_its_own_strategy_runs(tmp_path):
     script = tmp_path / "tutorial.py"
     script.write_text(textwrap.dedent("""
         import tensorflow as tf
-        from keras_mgpu_plugins.strategy import get_strategy
+        from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
         made_by_launcher = get_strategy("multi_worker")
         strategy = tf.distribute.MultiWorkerMirroredStrategy()  # as in TF's tutorial
         total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)

@@ -65,7 +65,7 @@ def what_is_bound() -> dict:
     """In a worker, strategy up: the listening sockets on the job's ports, and kmp's own."""
     import tensorflow as tf
 
-    from keras_mgpu_plugins.strategy import get_strategy
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     strategy = get_strategy("multi_worker")  # the one the bootstrap created
     config = json.loads(os.environ["TF_CONFIG"])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.callbacks import _atomic
+from keras_mgpu_plugins.io import atomic
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -33,17 +33,18 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     import keras
 
     import keras_mgpu_plugins as kmp
-    from keras_mgpu_plugins.callbacks import _atomic, events
+    from keras_mgpu_plugins.callbacks import events
+    from keras_mgpu_plugins.io import atomic
 
     index = kmp.topology().worker_index
     writes = []
-    real_write = _atomic.atomic_write
+    real_write = atomic.atomic_write
 
     def recording_write(path, write, suffix=""):
         writes.append(path)
         return real_write(path, write, suffix)
 
-    _atomic.atomic_write = recording_write
+    atomic.atomic_write = recording_write
     touched = []  # every Python-level write access to the folder by this process
 
     def audit(event, args):
@@ -97,7 +98,7 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
         model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0,
                   callbacks=[set_custom, checkpoint, record])
     finally:
-        _atomic.atomic_write = real_write  # the next fit of this job records its own writes
+        atomic.atomic_write = real_write  # the next fit of this job records its own writes
     return {
         "index": index,
         "pid": os.getpid(),
@@ -120,7 +121,7 @@ def _dead_pid():
 
 
 # left by a writer of this host killed in an earlier job (its pid no longer runs)
-STALE = f".c01.kmp-tmp-{_atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
+STALE = f".c01.kmp-tmp-{atomic.host_tag()}-{_dead_pid()}-0badf00d.keras"
 
 
 def train_each(jobs):

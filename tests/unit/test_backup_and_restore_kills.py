@@ -2,7 +2,7 @@
 
 A child process trains with the callback and SIGKILLs itself right before or
 right after its k-th `os.replace` (the only step that publishes a file: see
-`_atomic`), so every crash point between the files of a backup is hit, in a
+`io.atomic`), so every crash point between the files of a backup is hit, in a
 fixed order (no randomness). The relaunch in this process must then resume
 from the last complete backup (or start from scratch, with a warning, when
 the first one was cut), and end with the weights of an uninterrupted run.
@@ -20,7 +20,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins.callbacks import BackupAndRestore, _atomic
+from keras_mgpu_plugins.callbacks import BackupAndRestore
+from keras_mgpu_plugins.io import atomic
 
 CHILD = textwrap.dedent(
     """
@@ -131,4 +132,4 @@ def test_killed_at_every_write_point_resumes_from_a_whole_backup_or_scratch(tmp_
         assert int(model.layers[0].counter.numpy()) == 3 * 3, point  # batches, restored + run
         for ours, theirs in zip(model.get_weights(), reference.get_weights(), strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=point)
-        assert not [n for n in os.listdir(folder) if _atomic.is_temp_name(n)], point
+        assert not [n for n in os.listdir(folder) if atomic.is_temp_name(n)], point

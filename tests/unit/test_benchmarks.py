@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers", "loop"]
+KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers", "loop", "jax_devices",
+        "jax_processes", "jax_vs_tf"]
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +65,10 @@ def test_fingerprint_rows_come_from_the_numbers_throughput_returns(run):
 
 
 def test_only_offers_each_benchmark_and_each_has_its_settings(run):
-    assert [key for _, key, _ in run.BENCHMARKS] == KEYS
+    assert [key for _, key, _, _ in run.BENCHMARKS] == KEYS
     for size in ("quick", "full"):
         assert sorted(run.SETTINGS[size]) == sorted(KEYS)
-        for _, key, bench in run.BENCHMARKS:
+        for _, key, bench, _ in run.BENCHMARKS:
             inspect.signature(bench).bind(**run.SETTINGS[size][key])  # main calls bench(**settings)
 
 
@@ -88,15 +89,15 @@ def test_the_json_holds_the_rows_printed_and_the_machine(run, tmp_path, monkeypa
 
     fakes = {"callbacks": missing, "checkpoint": broken}
     monkeypatch.setattr(run, "BENCHMARKS", tuple(
-        (title, key, fakes.get(key, bench)) for title, key, bench in run.BENCHMARKS))
+        (title, key, fakes.get(key, bench), needs) for title, key, bench, needs in run.BENCHMARKS))
     monkeypatch.setitem(run.SETTINGS["quick"], "fingerprint", {"mb": 0.25, "layers": 2, "repeats": 1})
     path = tmp_path / "results.json"
     returned = run.main(["--quick", "--only", "checkpoint", "fingerprint", "callbacks", "--json", str(path)])
     written = json.loads(path.read_text())
     assert written == json.loads(json.dumps(returned))
     assert written["quick"] is True and written["seconds"] >= 0
-    assert set(written["machine"]) == {"platform", "python", "cpu_cores", "gpus", "tensorflow", "keras",
-                                       "keras_mgpu_plugins"}
+    assert set(written["machine"]) == {"platform", "python", "cpu_cores", "gpus", "tensorflow", "jax",
+                                       "keras", "keras_backend", "keras_mgpu_plugins"}
     rows = written["rows"]
     assert [(r["benchmark"].split(" (")[0], r["metric"]) for r in rows] == [
         ("callback overhead vs plain fit", "not available"),  # in BENCHMARKS order, not --only's
@@ -126,6 +127,40 @@ def test_loop_rows_come_from_the_numbers_measure_returns(run):
                     run.row(name, "ratio kmp / loop", 0.95, "x", "median of 2 rounds: 0.950, 0.900")]
 
 
+def test_jax_rows_come_from_the_numbers_measure_returns(run):
+    rows = run.jax_rows("processes", {"names": ("kmp", "plain"), "first": 15000.0, "second": 15100.0,
+                                      "ratio": 0.99, "ratios": [0.99, 1.01], "devices": (2, 2)},
+                        steps_per_execution=1, rounds=2)
+    name = ("kmp on JAX vs plain Keras-JAX DataParallel (2 processes through kmp.launch, global batch "
+            "256, steps_per_execution=1)")
+    assert rows == [run.row(name, "kmp fit", 15000.0, "samples/s", "2 devices"),
+                    run.row(name, "plain Keras DataParallel", 15100.0, "samples/s", "2 devices"),
+                    run.row(name, "ratio kmp / plain", 0.99, "x", "median of 2 rounds: 0.990, 1.010")]
+
+
+def test_a_backend_not_installed_gives_not_available_rows(run, monkeypatch):
+    """What an environment with only TensorFlow (or only JAX) prints for the other's rows."""
+    monkeypatch.setattr(run, "installed", lambda module: module != "jax")
+    assert run.lacking("jax") == "jax not installed in this environment"
+    assert run.lacking("jax+tensorflow") == "jax not installed in this environment"
+    monkeypatch.setattr(run, "installed", lambda module: module != "tensorflow")
+    assert run.lacking("tensorflow") == "tensorflow not installed in this environment"
+    assert run.lacking("jax") is None
+    returned = run.main(["--only", "jax_vs_tf", "loop"])
+    assert [(r["benchmark"].split(" (")[0], r["metric"], r["detail"]) for r in returned["rows"]] == [
+        ("2-worker fit vs hand-written tf.distribute loop", "not available",
+         "tensorflow not installed in this environment"),
+        ("JAX vs TensorFlow, kmp on both", "not available", "tensorflow not installed in this environment"),
+    ]
+
+
+def test_jax_vs_keras_refuses_steps_that_executions_do_not_divide(run):
+    import jax_vs_keras
+
+    with pytest.raises(ValueError, match="steps=10, steps_per_execution=4"):
+        jax_vs_keras.measure("devices", steps=10, steps_per_execution=4)
+
+
 def test_workers_vs_loop_refuses_steps_that_executions_do_not_divide(run):
     import workers_vs_loop
 
@@ -146,3 +181,18 @@ def test_workers_vs_loop_runs_both_jobs_and_alternates_them(run):
     assert r["kmp"] > 0 and r["loop"] > 0
     assert r["ratios"] == [r["kmp"] / r["loop"]] and r["ratio"] == r["ratios"][0]
     assert len(lines) == 1 and lines[0].startswith("  round 1: kmp ")
+
+
+@pytest.mark.multi_worker
+@pytest.mark.timeout(300)
+def test_jax_vs_keras_runs_both_sides_on_2_processes_and_alternates_them(run):
+    """Tiny settings, 2 real JAX processes per side (KERAS_BACKEND=jax in the workers)."""
+    pytest.importorskip("jax")
+    import jax_vs_keras
+
+    lines = []
+    r = jax_vs_keras.measure("processes", steps=4, repeats=1, rounds=2, steps_per_execution=2,
+                             width=8, timeout=240, report=lines.append)
+    assert r["names"] == ("kmp", "plain") and r["devices"] == (2, 2)
+    assert r["first"] > 0 and r["second"] > 0 and len(r["ratios"]) == 2
+    assert [line.split(":")[0] for line in lines] == ["  round 1", "  round 2"]

@@ -25,7 +25,7 @@ def readme_subset_block() -> list[list[str]]:
 
 
 def test_newest_runs_the_readme_test_command():
-    readme_command = README.split('pip install -e ".[test]" && ', 1)[1].splitlines()[0]
+    readme_command = README.split('pip install -e ".[tensorflow,test]" && ', 1)[1].splitlines()[0]
     assert readme_command == "python -m pytest -q"
     assert f"pytest_status {readme_command}\n" in CI
 
@@ -33,7 +33,7 @@ def test_newest_runs_the_readme_test_command():
 def test_oldest_pair_and_subset_are_the_readmes():
     install, pytest_command = readme_subset_block()
     pins = ci_array("OLDEST_PINS")
-    assert install == ["pip", "install", "-e", ".[test]", *pins]
+    assert install == ["pip", "install", "-e", ".[tensorflow,test]", *pins]
     assert pytest_command == ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                               *ci_array("OLDEST_SUBSET")]
     assert '"${OLDEST_SUBSET[@]}"' in CI and '"${OLDEST_PINS[@]}"' in CI
@@ -49,3 +49,17 @@ def test_oldest_pair_is_the_lower_bound_pyproject_declares():
     subset = [path for path in ci_array("OLDEST_SUBSET") if path.startswith("tests/")]
     for path in subset:
         assert (ROOT / path.split("::")[0]).exists(), path
+
+
+def test_jax_lane_runs_the_readmes_subset_without_tensorflow():
+    section = README.split("The JAX lane's tests", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    install, pytest_command = [shlex.split(line) for line in
+                               block.replace("\\\n", " ").strip().splitlines()]
+    assert install == ["pip", "install", "-e", ".[jax,test]"]
+    assert pytest_command == ["KERAS_BACKEND=jax", "python", "-m", "pytest", "-q", "-p",
+                              "no:cacheprovider", *ci_array("JAX_SUBSET")]
+    assert 'python -m pip install --quiet -e ".[jax,test]"' in CI
+    assert "export KERAS_BACKEND=jax" in CI and '"${JAX_SUBSET[@]}"' in CI
+    for path in ci_array("JAX_SUBSET"):
+        assert (ROOT / path).exists(), path

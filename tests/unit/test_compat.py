@@ -78,6 +78,8 @@ class Recorder(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("use", compat.PRIVATE_USES, ids=lambda u: u.name)
 def test_every_private_use_is_there_in_the_installed_keras(use):
+    if use.library == "jax":
+        pytest.importorskip("jax")
     assert use.check() == []
     version = _keras_private.library_version(use.library)
     assert use.applies_to(version), (use.name, use.min_version, use.max_version)
@@ -92,7 +94,8 @@ def test_every_private_use_has_a_behaviour_test_here():
 
 def test_the_table_states_its_range():
     for use in compat.PRIVATE_USES:
-        assert use.max_version == {"keras": "3.16.0", "tensorflow": "2.22.0"}[use.library]
+        assert use.max_version == {"keras": "3.16.0", "tensorflow": "2.22.0",
+                                   "jax": "0.12.0"}[use.library]
         assert use.applies_to(use.min_version) and not use.applies_to(use.max_version)
     assert compat.check_private_uses() == {u.name: [] for u in compat.PRIVATE_USES}
     assert {n for n in compat.__all__ if not hasattr(compat, n)} == set()
@@ -241,6 +244,25 @@ def test_use_loss_tracker_rows(monkeypatch):
     monkeypatch.setattr(keras, "__version__", "3.1.0")  # counted batches, not rows
     with pytest.warns(UserWarning, match="batch_size="):
         assert compat.loss_tracker_rows(model) is None
+
+
+def test_use_jax_initialize_rng():
+    """On JAX, kmp runs Keras's own seed agreement (tests/jax/ run it across 2 processes)."""
+    pytest.importorskip("jax")
+    from keras_mgpu_plugins.compat import _private, _private_uses
+
+    assert callable(_private.jax_initialize_rng)
+    assert _private_uses._BY_NAME["jax_initialize_rng"].check() == []
+
+
+def test_use_jax_backends_started():
+    """kmp.topology() on JAX names the devices without starting JAX (tests/jax/ check that
+    simulate_devices still works after it)."""
+    pytest.importorskip("jax")
+    from keras_mgpu_plugins.compat import _private, _private_uses
+
+    assert _private_uses._BY_NAME["jax_backends_started"].check() == []
+    assert isinstance(_private.jax_backends_started(), bool)
 
 
 def test_use_flatten_layers():
@@ -600,7 +622,7 @@ def private_names(path):
 
 
 #: A protobuf message module (the TensorBoard summary metadata), not behaviour.
-ALLOWED_ELSEWHERE |= {("sinks.py", "tensorflow.core.framework.summary_pb2")}
+ALLOWED_ELSEWHERE |= {("tensorboard.py", "tensorflow.core.framework.summary_pb2")}
 
 
 def test_no_module_but_compat_imports_keras_or_tensorflow_internals():

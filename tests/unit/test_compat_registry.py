@@ -56,7 +56,8 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
     shared = {path.rsplit(".", 1)[1]: names for path, names in by_attribute.items()
               if len(names) > 1}
     assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
-                           "_all_reduce_sum_gradients", "_get_iterator", "fit", "compile (instance)"}
+                           "_all_reduce_sum_gradients", "_get_iterator", "fit", "compile (instance)",
+                           "fit (instance)"}
     assert shared["fit"] == ["chief_only_progress_bars", "same_callbacks_on_every_worker",
                              "stall_watchdog_on_every_fit"]
 
@@ -138,8 +139,8 @@ def test_unpatch_keras_puts_back_every_original(clean):
     """Every record applied (the workarounds as `patch_keras`, each feature as kmp applies
     it), then `unpatch_keras()`: every attribute is the original object again."""
     from keras_mgpu_plugins import _same_callbacks, _worker_output
+    from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
     from keras_mgpu_plugins.callbacks import stall_watchdog
-    from keras_mgpu_plugins.model_parallel import placement
 
     paths = [w for p in compat.PATCHES if not p.per_instance for w in p.wraps]
     before = {path: resolve(path) for path in paths}

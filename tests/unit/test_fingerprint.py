@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_mgpu_plugins import fingerprint as fp
+from keras_mgpu_plugins.backends.tensorflow import fingerprint as fp
 
 U32 = 0xFFFFFFFF
 

@@ -24,14 +24,16 @@ import pytest
 from packaging.version import Version
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.callbacks import _atomic, events
-from keras_mgpu_plugins.callbacks._checkpoint_io import copy_weights
+from keras_mgpu_plugins.callbacks import events
 from keras_mgpu_plugins.callbacks._checkpoint_rules import (
     agreed_logs,
     encode_monitored,
     monitored_value,
 )
-from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint, ParallelModelCheckpoint
+from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
+from keras_mgpu_plugins.callbacks.parallel_model_checkpoint import ParallelModelCheckpoint
+from keras_mgpu_plugins.io import atomic
+from keras_mgpu_plugins.io.snapshots import copy_weights
 
 INPUT_DIM, NUM_CLASSES, BATCH = 3, 3, 5
 #: Keras 3.11 moved `ModelCheckpoint` onto `MonitorCallback` (keras-team/keras#21275): `mode`
@@ -392,7 +394,7 @@ def test_unwritable_folder_fails_in_on_train_begin(tmp_path, async_save):
 def test_train_begin_removes_temporaries_a_killed_save_left(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its pid no longer runs
-    host = _atomic.host_tag()
+    host = atomic.host_tag()
     stale = [f".1.kmp-tmp-{host}-{dead.pid}-0badf00d.keras",
              f".best.kmp-tmp-{host}-{dead.pid}-12345678.weights.h5"]
     kept = ["notes.txt", ".hidden", "old.keras"]
@@ -654,7 +656,7 @@ def test_no_temporary_files_are_left_behind(tmp_path):
         filepath = str(tmp_path / "{epoch}-{batch}-") + f"{async_save:d}.keras"
         fit(get_model(), [ModelCheckpoint(filepath, save_freq=1, async_save=async_save)], epochs=1)
     assert len(os.listdir(tmp_path)) == 12
-    assert not [n for n in os.listdir(tmp_path) if _atomic.is_temp_name(n) or n.startswith(".")]
+    assert not [n for n in os.listdir(tmp_path) if atomic.is_temp_name(n) or n.startswith(".")]
 
 
 def test_public_names():

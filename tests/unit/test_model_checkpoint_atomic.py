@@ -1,6 +1,6 @@
 """Checkpoints appear complete or not at all, even when the process is killed mid-save.
 
-The helpers of `keras_mgpu_plugins.callbacks._atomic` are tested on files; the
+The helpers of `keras_mgpu_plugins.io.atomic` are tested on files; the
 callback is tested by killing a real training process (SIGKILL from here, at
 random moments of a loop of saves of a model of a few MB) and loading whatever
 is left under the final name.
@@ -22,19 +22,20 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins.callbacks import ModelCheckpoint, _atomic
+from keras_mgpu_plugins.callbacks import ModelCheckpoint
+from keras_mgpu_plugins.io import atomic
 
 # --- the helpers -------------------------------------------------------------------
 
 
 def test_temp_path_is_hidden_beside_the_target_and_keeps_the_suffix(tmp_path):
     target = str(tmp_path / "ckpt-01.weights.h5")
-    tmp = _atomic.temp_path(target, ".weights.h5")
+    tmp = atomic.temp_path(target, ".weights.h5")
     assert os.path.dirname(tmp) == str(tmp_path)
     name = os.path.basename(tmp)
     assert name.startswith(".ckpt-01.kmp-tmp-") and name.endswith(".weights.h5")
-    assert _atomic.is_temp_name(name) and not _atomic.is_temp_name("ckpt-01.weights.h5")
-    assert tmp != _atomic.temp_path(target, ".weights.h5")  # fresh each time
+    assert atomic.is_temp_name(name) and not atomic.is_temp_name("ckpt-01.weights.h5")
+    assert tmp != atomic.temp_path(target, ".weights.h5")  # fresh each time
 
 
 def test_atomic_write_moves_the_complete_file_into_place(tmp_path):
@@ -47,7 +48,7 @@ def test_atomic_write_moves_the_complete_file_into_place(tmp_path):
         with open(path, "wb") as f:
             f.write(b"x" * 1000)
 
-    _atomic.atomic_write(str(target), write, suffix=".bin")
+    atomic.atomic_write(str(target), write, suffix=".bin")
     assert target.read_bytes() == b"x" * 1000
     assert os.listdir(target.parent) == ["a.bin"] and not os.path.exists(seen[0])
 
@@ -62,17 +63,17 @@ def test_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        _atomic.atomic_write(str(target), write)
+        atomic.atomic_write(str(target), write)
     assert target.read_bytes() == b"previous" and os.listdir(tmp_path) == ["a.bin"]
 
 
 def test_writable_problem(tmp_path):
-    assert _atomic.writable_problem(str(tmp_path)) is None
-    assert _atomic.writable_problem(str(tmp_path / "not" / "yet")) is None  # would be created
+    assert atomic.writable_problem(str(tmp_path)) is None
+    assert atomic.writable_problem(str(tmp_path / "not" / "yet")) is None  # would be created
     (tmp_path / "file").write_text("")
-    assert "is not a folder" in _atomic.writable_problem(str(tmp_path / "file" / "sub"))
-    assert _atomic.writable_problem("gs://bucket/ckpt") is None  # not probed
-    assert _atomic.writable_problem("/gcs/bucket/ckpt") is None  # remote for Keras too
+    assert "is not a folder" in atomic.writable_problem(str(tmp_path / "file" / "sub"))
+    assert atomic.writable_problem("gs://bucket/ckpt") is None  # not probed
+    assert atomic.writable_problem("/gcs/bucket/ckpt") is None  # remote for Keras too
     assert os.listdir(tmp_path) == ["file"]  # the probe left nothing
 
 
@@ -81,8 +82,8 @@ def test_remote_paths_are_the_ones_keras_writes_through_gfile():
     paths = ["gs://b/m.keras", "ram://x", "s3://b/k/m.h5", "hdfs://nn/p", "/gcs/b/m.keras",
              "/cns/x", "/hdfs/y", "/tmp/m.keras", "m.keras", "ckpt/gs://x", "", "C:/m.keras",
              "/gcsfuse/m.keras"]
-    assert [_atomic.is_remote(p) for p in paths] == [file_utils.is_remote_path(p) for p in paths]
-    assert [_atomic.is_remote(p) for p in paths[:7]] == [True] * 7
+    assert [atomic.is_remote(p) for p in paths] == [file_utils.is_remote_path(p) for p in paths]
+    assert [atomic.is_remote(p) for p in paths[:7]] == [True] * 7
 
 
 def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, monkeypatch):
@@ -98,12 +99,12 @@ def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, mo
         with open(path, "wb") as f:  # a local file, named like the target
             f.write(b"x" * 1000)
 
-    _atomic.atomic_write(target, write, suffix=".weights.h5")
+    atomic.atomic_write(target, write, suffix=".weights.h5")
     with tf.io.gfile.GFile(target, "rb") as f:
         assert f.read() == b"x" * 1000
     assert os.path.basename(seen[0]) == "a.weights.h5" and seen[0].startswith(str(tmp_path))
     assert os.listdir(tmp_path) == []  # the local copy is gone
-    assert _atomic.isdir(os.path.dirname(target)) and not _atomic.isdir(target)
+    assert atomic.isdir(os.path.dirname(target)) and not atomic.isdir(target)
 
     def failing(path):
         with open(path, "wb") as f:
@@ -111,7 +112,7 @@ def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, mo
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        _atomic.atomic_write(target, failing)
+        atomic.atomic_write(target, failing)
     with tf.io.gfile.GFile(target, "rb") as f:
         assert f.read() == b"x" * 1000  # the previous file, untouched
     assert os.listdir(tmp_path) == []
@@ -119,20 +120,20 @@ def test_atomic_write_to_a_remote_path_copies_a_complete_local_file(tmp_path, mo
 
 def _temp_of(folder, name, host, pid):
     """A temporary named as `temp_path` names it, for another host or process."""
-    path = folder / f".{name}{_atomic.TEMP_MARKER}{host}-{pid}-0badf00d.keras"
+    path = folder / f".{name}{atomic.TEMP_MARKER}{host}-{pid}-0badf00d.keras"
     path.write_bytes(b"partial")
     return path.name
 
 
 def test_remove_stale_temps_keeps_live_writers_of_any_job_and_host(tmp_path):
-    here = _atomic.host_tag()
+    here = atomic.host_tag()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     try:
         kept = [
             "a.keras", ".hidden", "x.kmp-tmp-1-2.keras",  # not made by temp_path
-            os.path.basename(_atomic.temp_path(str(tmp_path / "c.keras"), ".keras")),  # ours
+            os.path.basename(atomic.temp_path(str(tmp_path / "c.keras"), ".keras")),  # ours
             _temp_of(tmp_path, "live", here, live.pid),  # a second job, still writing
             _temp_of(tmp_path, "remote", "other_host", dead.pid),  # another host's, fresh
             ".old.kmp-tmp-999999-0badf00d.keras",  # an older name format, fresh
@@ -144,29 +145,29 @@ def test_remove_stale_temps_keeps_live_writers_of_any_job_and_host(tmp_path):
         (tmp_path / kept[6]).write_bytes(b"")
         stale = [_temp_of(tmp_path, "dead", here, dead.pid),  # its writer died
                  _temp_of(tmp_path, "ancient", "other_host", live.pid)]  # untouched for days
-        old = time.time() - _atomic.STALE_AFTER_S - 60
+        old = time.time() - atomic.STALE_AFTER_S - 60
         os.utime(tmp_path / stale[1], (old, old))
-        folder = tmp_path / f".d{_atomic.TEMP_MARKER}{here}-{dead.pid}-abcdef01.keras"
+        folder = tmp_path / f".d{atomic.TEMP_MARKER}{here}-{dead.pid}-abcdef01.keras"
         folder.mkdir()  # a folder-shaped leftover
-        removed = _atomic.remove_stale_temps(str(tmp_path))
+        removed = atomic.remove_stale_temps(str(tmp_path))
         assert sorted(removed) == sorted(stale + [folder.name])
         assert sorted(os.listdir(tmp_path)) == sorted(kept)
     finally:
         live.kill()
         live.wait()
-    assert _atomic.remove_stale_temps(str(tmp_path / "missing")) == []
-    assert _atomic.remove_stale_temps("gs://bucket/ckpt") == []
+    assert atomic.remove_stale_temps(str(tmp_path / "missing")) == []
+    assert atomic.remove_stale_temps("gs://bucket/ckpt") == []
 
 
 def test_temp_names_carry_host_and_pid_and_the_rule_reads_them():
-    name = os.path.basename(_atomic.temp_path("/x/m.keras", ".keras"))
-    assert f"{_atomic.TEMP_MARKER}{_atomic.host_tag()}-{os.getpid()}-" in name
-    assert _atomic.host_tag("node-3.cluster.local") == "node_3_cluster_local"
-    assert not _atomic.is_stale(name, 10.0)  # this process lives
-    assert _atomic.is_stale(name, 10.0, alive=lambda pid: False)
-    assert not _atomic.is_stale(name, 10.0, host="elsewhere", alive=lambda pid: False)
-    assert _atomic.is_stale(name, _atomic.STALE_AFTER_S + 1, host="elsewhere")
-    assert not _atomic.is_stale("m.keras", 1e9)
+    name = os.path.basename(atomic.temp_path("/x/m.keras", ".keras"))
+    assert f"{atomic.TEMP_MARKER}{atomic.host_tag()}-{os.getpid()}-" in name
+    assert atomic.host_tag("node-3.cluster.local") == "node_3_cluster_local"
+    assert not atomic.is_stale(name, 10.0)  # this process lives
+    assert atomic.is_stale(name, 10.0, alive=lambda pid: False)
+    assert not atomic.is_stale(name, 10.0, host="elsewhere", alive=lambda pid: False)
+    assert atomic.is_stale(name, atomic.STALE_AFTER_S + 1, host="elsewhere")
+    assert not atomic.is_stale("m.keras", 1e9)
 
 
 # --- SIGKILL during a loop of saves ----------------------------------------------------
@@ -226,14 +227,14 @@ def kill_during_saves(child, folder, name, in_write, delay):
             time.sleep(0.01)
         time.sleep(delay)
         if in_write:  # wait until a save is under way, then kill at once
-            while not any(_atomic.is_temp_name(n) for n in os.listdir(folder)):
+            while not any(atomic.is_temp_name(n) for n in os.listdir(folder)):
                 time.sleep(0.0005)
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
         child.wait()
     assert child.returncode == -signal.SIGKILL
-    return path, [n for n in os.listdir(folder) if _atomic.is_temp_name(n)]
+    return path, [n for n in os.listdir(folder) if atomic.is_temp_name(n)]
 
 
 @pytest.mark.slow
@@ -271,6 +272,6 @@ def test_killed_process_never_leaves_a_truncated_checkpoint(tmp_path):
             x = np.zeros((1, 512), "float32")
             model_like_child().fit(x, x, epochs=1, verbose=0, callbacks=[ModelCheckpoint(
                 str(path), save_weights_only=weights_only)])
-            assert not [n for n in os.listdir(folder) if _atomic.is_temp_name(n)]
+            assert not [n for n in os.listdir(folder) if atomic.is_temp_name(n)]
     # the kills did land inside saves: some temporary file was cut short, never the final one
     assert leftovers >= 1

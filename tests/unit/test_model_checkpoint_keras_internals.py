@@ -19,9 +19,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mgpu_plugins.callbacks import _checkpoint_io
 from keras_mgpu_plugins.callbacks.model_checkpoint import ModelCheckpoint
 from keras_mgpu_plugins.compat import _private_uses as _keras_private
+from keras_mgpu_plugins.io import snapshots
 
 
 def params(fn):
@@ -44,7 +44,7 @@ def test_keras_hooks_still_save_through_save_model():
 
 
 def test_saving_lib_internals_present():
-    _checkpoint_io.check_keras_internals()  # raises, naming what is missing
+    snapshots.check_keras_internals()  # raises, naming what is missing
     from keras.src.saving import saving_lib
 
     assert params(saving_lib._save_state) == [
@@ -59,7 +59,7 @@ def test_check_keras_internals_names_what_is_missing(monkeypatch):
     monkeypatch.delattr(saving_lib, "_save_state")
     monkeypatch.setattr(_keras_private, "_checked", {})  # require's cache: Keras changed under it
     with pytest.raises(RuntimeError, match=r"saving_lib\._save_state"):
-        _checkpoint_io.check_keras_internals()
+        snapshots.check_keras_internals()
     with pytest.raises(RuntimeError, match="async_save"):
         ModelCheckpoint("m.keras", async_save=True)
 
@@ -113,7 +113,7 @@ def test_snapshot_writes_what_keras_writes(tmp_path, kind):
     model = trained_model()
     suffix = {"keras": ".keras", "weights": ".weights.h5", "h5": ".h5"}[kind]
     ours, theirs = tmp_path / f"ours{suffix}", tmp_path / f"theirs{suffix}"
-    snapshot = _checkpoint_io.take_snapshot(model, kind)
+    snapshot = snapshots.take_snapshot(model, kind)
     model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)  # training goes on: the copy must not move
     snapshot.write(str(ours))
     # Keras's own file of the same state, taken before the extra step
@@ -142,7 +142,7 @@ def test_snapshot_reads_the_variables_without_copying_them():
 
     model = trained_model()
     for kind in ("keras", "weights"):
-        snapshot = _checkpoint_io.take_snapshot(model, kind)
+        snapshot = snapshots.take_snapshot(model, kind)
         held = [v for _, _, entry in snapshot.entries for v in entry.values()]
         variables = model.weights + model.optimizer.variables
         assert len(held) >= len(variables) and all(tf.is_tensor(v) for v in held)

@@ -85,21 +85,3 @@ def test_the_runtime_imports_no_backend():
         used = _names_used(path)
         assert not {"tensorflow", "jax", "torch"} & used, path.name
 
-
-#: What the backend-neutral folders still import from TensorFlow, at call time, and why:
-#: the next steps of the redesign move each behind the runtime. A new one fails this test.
-TENSORFLOW_LEFT = {
-    "callbacks/_atomic.py": "remote checkpoint paths (gs://, hdfs://) through tf.io.gfile",
-    "callbacks/_checkpoint_io.py": "reading a variable's value for the in-memory snapshot",
-    "samplers/gpu.py": "TensorFlow's allocator statistics per GPU",
-    "samplers/sinks.py": "TensorBoard event files",
-}
-
-
-def test_backend_neutral_folders_import_tensorflow_only_where_listed():
-    found = set()
-    for folder in ("callbacks", "integrations", "launch", "samplers", "runtime"):
-        for path in sorted((PACKAGE / folder).glob("*.py")):
-            if "tensorflow" in _names_used(path):
-                found.add(f"{folder}/{path.name}")
-    assert found == set(TENSORFLOW_LEFT)

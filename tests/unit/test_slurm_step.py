@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from keras_mgpu_plugins._slurm import STEP_CHECK_ENV, check_step, step_mismatch
+from keras_mgpu_plugins.cluster.slurm import STEP_CHECK_ENV, check_step, step_mismatch
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENV = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}

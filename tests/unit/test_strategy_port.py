@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from keras_mgpu_plugins.strategy import StrategyError, _check_own_port_free
+from keras_mgpu_plugins.backends.tensorflow.strategy import StrategyError, _check_own_port_free
 from keras_mgpu_plugins.topology import Topology
 
 

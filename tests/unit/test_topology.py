@@ -223,7 +223,7 @@ def test_topology_does_not_import_tensorflow_where_the_environment_answers(visib
     import subprocess
     import sys
 
-    from keras_mgpu_plugins._local_devices import _has_gpu_driver
+    from keras_mgpu_plugins.cluster.local_devices import _has_gpu_driver
 
     driver = _has_gpu_driver()
     if visible is None and driver is not False:

@@ -32,7 +32,7 @@ def test_before_any_strategy_the_environment_answers(env):
 
 
 def test_a_single_worker_strategy_from_kmp_makes_this_process_its_own_chief(env):
-    from keras_mgpu_plugins.strategy import get_strategy
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     for name, value in SRUN_TASK_2_OF_4.items():
         env.setenv(name, value)

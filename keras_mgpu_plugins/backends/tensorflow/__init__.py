@@ -1,1 +1,83 @@
-"""The TensorFlow backend: `tf.distribute` strategies, their collectives and replica copies."""
+"""The TensorFlow backend: `tf.distribute` strategies, their collectives, devices, replica
+copies, `multi_gpu_model`, model parallel placement and the Keras-on-TensorFlow patches.
+
+The functions below are what the backend-free package asks of a backend
+(`keras_mgpu_plugins.backends.current()`); each imports TensorFlow only when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def runtime_of(model: Any = None) -> Any:
+    """The runtime of `model`'s strategy (default: the current strategy)."""
+    from keras_mgpu_plugins.backends.tensorflow.runtime import TensorFlowRuntime
+
+    return TensorFlowRuntime.for_model(model)
+
+
+def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
+    """Splits the first GPU (else the CPU) into `n` logical devices."""
+    from keras_mgpu_plugins.backends.tensorflow.devices import simulate_devices as split
+
+    return split(n, memory_limit_mb)
+
+
+def local_device_names() -> tuple[str, ...]:
+    """This process's visible GPUs (as split), else its logical CPUs."""
+    from keras_mgpu_plugins.backends.tensorflow.local_devices import local_device_names as names
+
+    return names()
+
+
+def gpu_memory() -> Any:
+    """This process's logical GPUs and their allocators (`samplers.gpu.GPUMemory`)."""
+    from keras_mgpu_plugins.backends.tensorflow.gpu_allocator import TensorFlowGPUMemory
+
+    return TensorFlowGPUMemory()
+
+
+def read_variable(variable: Any) -> Any:
+    """A snapshot read of a Keras variable: shares its buffer until its next update
+    (copy-on-write), so it keeps the values of this moment at no copy."""
+    import tensorflow as tf
+
+    return tf.identity(variable.value)  # (keras.ops.convert_to_tensor does not read)
+
+
+def remote_files() -> Any:
+    """`tf.io.gfile`: the file functions that serve `gs://`, `s3://`, `hdfs://` paths."""
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def summary_writer(logdir: str) -> Any:
+    """TensorBoard scalars in `logdir`: `write(step, {tag: value})`, `close()` (`tf.summary`)."""
+    from keras_mgpu_plugins.backends.tensorflow.tensorboard import ScalarWriter
+
+    return ScalarWriter(logdir)
+
+
+def parallelize_factory(factory: Any, layout_map: Any = None, **options: Any) -> Any:
+    """`kmp.parallelize` under a `tf.distribute` strategy (`layout_map` is JAX's only)."""
+    if layout_map is not None:
+        raise ValueError(
+            "layout_map applies on the JAX backend only (keras.distribution.ModelParallel "
+            "shards variables there); TensorFlow's strategy='model_parallel' places whole layer "
+            f"calls on devices instead. Received: layout_map={layout_map!r}. Leave layout_map="
+            "None and pass devices= (a list, or a mapping of layer-name patterns to devices), "
+            "or use KERAS_BACKEND=jax.")
+    from keras_mgpu_plugins.backends.tensorflow.parallelize import parallelize as decorate
+
+    return decorate(factory, **options)
+
+
+def join_job() -> None:
+    """Joins the multi-worker job before any user code: creates the process's
+    `MultiWorkerMirroredStrategy` (TensorFlow configures collectives only before its
+    runtime starts); `kmp.parallelize` then gets this object."""
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
+
+    get_strategy("multi_worker")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import fingerprint
+from keras_mgpu_plugins.backends.tensorflow import fingerprint
 from keras_mgpu_plugins.callbacks._weight_sync import classify
 
 

@@ -1,6 +1,6 @@
 """`TensorFlowRuntime`: `kmp.runtime` over a `tf.distribute` strategy.
 
-The rank comes from the one source of "who am I" (`_rank.whoami`: the
+The rank comes from the one source of "who am I" (`rank.whoami`: the
 multi-worker strategy when there is one, else the environment); `all_gather`
 is a sum all-reduce across the strategy's workers in which every other worker
 contributes zeros to its slot (exact for every value).
@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import _rank
+from keras_mgpu_plugins.backends.tensorflow import local_devices as _local_devices
+from keras_mgpu_plugins.backends.tensorflow import rank as _rank
 from keras_mgpu_plugins.runtime import Rank, Runtime
 
 
@@ -54,7 +55,7 @@ class TensorFlowRuntime(Runtime):
         workers = _rank._workers_in(strategy)
         slots = np.zeros((workers, *wire.shape), dtype=wire.dtype)
         slots[_rank._task_rank(strategy)] = wire
-        local = len(strategy.extended.worker_devices)
+        local = _rank.replicas_per_worker(strategy)
         zeros = np.zeros_like(slots)
 
         def value_fn(ctx: Any) -> Any:
@@ -69,12 +70,10 @@ class TensorFlowRuntime(Runtime):
         import tensorflow as tf
 
         strategy = self.strategy or tf.distribute.get_strategy()
-        gpus = tf.config.list_physical_devices("GPU")
         return {
-            "strategy": strategy_name(tf, strategy),
-            "devices": strategy_devices(tf, strategy),
-            "gpu_models": [tf.config.experimental.get_device_details(g).get("device_name", "")
-                           for g in gpus],
+            "strategy": tf_distribute_name(tf, strategy),
+            "devices": strategy_devices(strategy),
+            "gpu_models": _local_devices.gpu_models(),
             "tensorflow_version": tf.__version__,
         }
 
@@ -97,18 +96,18 @@ class TensorFlowRuntime(Runtime):
                        statistics, key)
 
 
-def strategy_name(tf: Any, strategy: Any) -> str:
-    """The public `tf.distribute` name of `strategy` (`"default"` for TF's default one)."""
+def tf_distribute_name(tf: Any, strategy: Any) -> str:
+    """The `tf.distribute` class `strategy` is an instance of, by its public name
+    (`"MirroredStrategy"`), or `"default"` for TensorFlow's default strategy."""
     for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "TPUStrategy"):
         if isinstance(strategy, getattr(tf.distribute, name)):
             return name
     return "default" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
 
 
-def strategy_devices(tf: Any, strategy: Any) -> list[str]:
+def strategy_devices(strategy: Any) -> list[str]:
     """This worker's devices under `strategy` (TF's default strategy: the first GPU, else CPU)."""
     try:
         return [str(d) for d in strategy.extended.worker_devices]
     except RuntimeError:  # "worker_devices() method unsupported by default" strategy
-        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-        return [devices[0].name]
+        return _local_devices.replica_devices()[:1]

@@ -15,8 +15,8 @@ import functools
 import threading
 from typing import Any
 
+from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.patches.optimizer import clips, overwrite_with_ema
-from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing
 from keras_mgpu_plugins.compat._checks import source_has
 
 # --- gradient_accumulation_steps: the update's merge_call runs inside a replica-context cond ---

@@ -12,7 +12,8 @@ import warnings
 import weakref
 from typing import Any
 
-from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing, strategy_name
+from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
+from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
 
 # --- keras-team/keras#21800: the distributed symbolic build calls the model ---------

@@ -81,7 +81,7 @@ def claim_full_batches(iterator: Any, n: int, strategy: Any) -> bool:
     The first call for an iterator agrees on the count across workers (a
     collective: every worker calls this at the same execution).
     """
-    from keras_mgpu_plugins import collective
+    from keras_mgpu_plugins.backends.tensorflow import collective
 
     if not collective.spans_workers(strategy):
         return False

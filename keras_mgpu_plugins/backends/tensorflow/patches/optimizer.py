@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from keras_mgpu_plugins.backends.tensorflow.patches.trainer import distributing
+from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.compat._checks import source_has
 from keras_mgpu_plugins.compat._private_uses import require
 

@@ -2,7 +2,7 @@
 
 Each `patch_*` function applies one workaround and returns its undo; the
 check after it says whether the installed Keras still has the code it fixes. The `PATCHES` table (`compat._registry`) names their upstream issues and
-Keras versions. `distributing` and `refuse_unsupported_settings` are also used
+Keras versions. `refuse_unsupported_settings` is also used
 by `parallelize` and the patches of `patches.loss_scale` and `patches.compile_settings`.
 """
 
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.patches.input_check import (
     claim_full_batches,
     fetch_full_batch,
 )
+from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
 from keras_mgpu_plugins.compat._private_uses import require
 
@@ -135,24 +137,6 @@ def reduce_per_replica_uses_axis_0() -> bool | None:
 
 
 # --- keras-team/keras#19246: steps_per_execution > 1 under a distributing strategy -----
-
-
-def distributing(strategy: Any) -> bool:
-    """Whether `strategy` spans several replicas or workers (its steps hold collectives)."""
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    require("collective_all_reduce_multi_worker")
-    return strategy.num_replicas_in_sync > 1 or tf_trainer._collective_all_reduce_multi_worker(
-        strategy)
-
-
-def strategy_name(strategy: Any) -> str:
-    """The public name of `strategy`'s class (TensorFlow's multi-worker class is named otherwise)."""
-    import tensorflow as tf
-
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return "MultiWorkerMirroredStrategy"
-    return type(strategy).__name__
 
 
 def refuse_unsupported_settings(model: Any) -> None:

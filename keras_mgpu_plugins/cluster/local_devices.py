@@ -1,36 +1,32 @@
-"""This process's devices, named without starting TensorFlow's runtime."""
+"""This process's devices as the environment names them, before any backend starts."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
-from typing import Any
+
+#: The backends' modules whose import means devices may be configured in-process.
+_BACKEND_MODULES = ("tensorflow", "jax")
 
 
 def local_device_names() -> tuple[str, ...]:
-    """This process's GPUs, else its (logical) CPUs, without starting TF's runtime.
+    """This process's GPUs, else its (logical) CPUs, without starting a backend's runtime.
 
-    Before TensorFlow is imported (importing it costs seconds) the environment
+    Before a backend is imported (importing one costs seconds) the environment
     answers where it can, and then no logical devices can be configured yet:
     `CUDA_VISIBLE_DEVICES` gives `GPU:0..n-1` (or `CPU:0` when it hides every
     GPU), and a Linux machine with no GPU driver (no `/proc/driver/nvidia/gpus`,
-    `/dev/nvidia<N>` or `/dev/kfd`) gives `CPU:0`. Otherwise, or once TensorFlow
-    is imported, TensorFlow's visible and logical devices answer.
+    `/dev/nvidia<N>` or `/dev/kfd`) gives `CPU:0`. Otherwise, or once a backend
+    is imported, the active Keras backend's visible and logical devices answer.
     """
-    import sys
-
-    if "tensorflow" not in sys.modules:
+    if not any(name in sys.modules for name in _BACKEND_MODULES):
         gpus = gpus_from_env(os.environ, _has_gpu_driver())
         if gpus is not None:
             return tuple(f"GPU:{i}" for i in range(gpus)) or ("CPU:0",)
-    import tensorflow as tf
+    from keras_mgpu_plugins import backends
 
-    gpus = tf.config.get_visible_devices("GPU")  # simulate_devices hides all GPUs but one
-    if gpus:
-        logical = _logical_count(tf, gpus)
-        return tuple(f"GPU:{i}" for i in range(logical))
-    cpus = tf.config.list_physical_devices("CPU")
-    return tuple(f"CPU:{i}" for i in range(_logical_count(tf, cpus[:1])))
+    return backends.current().local_device_names()
 
 
 def gpus_from_env(env: Mapping[str, str], driver: bool | None) -> int | None:
@@ -60,17 +56,8 @@ def gpus_from_env(env: Mapping[str, str], driver: bool | None) -> int | None:
 def _has_gpu_driver() -> bool | None:
     """Whether a GPU driver is present (Linux: NVIDIA or ROCm devices); `None` elsewhere."""
     import glob
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None
     return bool(os.path.isdir("/proc/driver/nvidia/gpus") or glob.glob("/dev/nvidia[0-9]*")
                 or os.path.exists("/dev/kfd"))
-
-
-def _logical_count(tf: Any, physical: list) -> int:
-    count = 0
-    for device in physical:
-        configured = tf.config.get_logical_device_configuration(device)
-        count += len(configured) if configured else 1
-    return count

@@ -6,15 +6,14 @@ import contextlib
 import functools
 import os
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 from keras_mgpu_plugins import compat
-from keras_mgpu_plugins.model_parallel import pipeline, placement
-
-#: The plan of each placed model (read by `placement_report`).
-PLANS: weakref.WeakKeyDictionary[Any, placement.Plan] = weakref.WeakKeyDictionary()
+from keras_mgpu_plugins.backends.tensorflow.model_parallel import devices as _devices
+from keras_mgpu_plugins.backends.tensorflow.model_parallel import pipeline, placement
+from keras_mgpu_plugins.model_parallel import plans
+from keras_mgpu_plugins.model_parallel.report import placement_report
 
 
 def check_arguments(devices: Any, micro_batches: Any, num_workers: int) -> None:
@@ -82,7 +81,7 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
     pipeline.install_train_step(model, micro_batches or 1, loss_device)
     for attribute in ("train_function", "test_function", "predict_function"):
         setattr(model, attribute, None)  # traced before placement: trace again
-    PLANS[model] = plan
+    plans.record(model, plans.Placed(plan, _devices.canonical))
     compat.apply_to("placement_report_on_first_fit", model)
     compat.apply("placed_model_clone_warning")
     return model
@@ -108,7 +107,7 @@ def wrap_clone_model() -> Any:
 
     @functools.wraps(original)
     def clone_model(model: Any, *args: Any, **kwargs: Any) -> Any:
-        if model in PLANS:
+        if plans.of(model) is not None:
             warnings.warn(
                 f"keras.models.clone_model({model.name!r}) returns an unplaced model: "
                 "the model was placed over several devices by @kmp.parallelize("
@@ -168,15 +167,13 @@ def wrap_fit_with_report(model: Any) -> None:
     when it gives one). Under "hybrid" only the chief prints it (every worker's plan is
     the same: `hybrid._same_plan`), unless `KMP_OUTPUT=all`. The registered per-instance
     patch `placement_report_on_first_fit`."""
-    from keras_mgpu_plugins.model_parallel.hybrid import WORKERS
-    from keras_mgpu_plugins.model_parallel.report import placement_report
-
     original = model.fit
     printed = [False]
 
     def fit(*args: Any, **kwargs: Any) -> Any:
         verbose = args[4] if len(args) > 4 else kwargs.get("verbose", "auto")
-        workers, index = WORKERS.get(model, (1, 0))  # "hybrid": each worker's share
+        placed = plans.of(model)
+        workers, index = placed.workers, placed.worker_index  # "hybrid": each worker's share
         shown = index == 0 or os.environ.get("KMP_OUTPUT") == "all"
         if not printed[0] and verbose != 0 and shown:
             printed[0] = True

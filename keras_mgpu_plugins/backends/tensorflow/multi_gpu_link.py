@@ -2,7 +2,7 @@
 
 The template receives the parallel model's weights (by value) at each epoch
 end and when `fit`/`evaluate` return (`push`), by the one copy that
-`ModelCheckpoint(model=template)` also uses (`_checkpoint_io.copy_weights`);
+`ModelCheckpoint(model=template)` also uses (`io.snapshots.copy_weights`);
 saving the template is `ModelCheckpoint`'s (snapshot, then the chief writes).
 Weights given to the template since the last copy are taken in before `fit`,
 `evaluate` and `predict` run (`pull`): `fit` and `evaluate` compare CRC-32
@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_mgpu_plugins.callbacks._checkpoint_io import copy_weights
+from keras_mgpu_plugins.io.snapshots import copy_weights
 
 Fingerprint = tuple[tuple[tuple[int, ...], str, int], ...]
 
@@ -68,7 +68,7 @@ class TemplateLink:
 
         The one copy of trained values into a template, shared with
         `ModelCheckpoint(model=template)`: a snapshot read and an `assign` per
-        variable (`_checkpoint_io.copy_weights`; not the template's watched
+        variable (`io.snapshots.copy_weights`; not the template's watched
         `set_weights`: not a change to take in).
         """
         self.synced = weights_fingerprint(copy_weights(self.parallel, self.template))

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any
 
+from keras_mgpu_plugins.cluster.topology import topology_from_env, worker_rank
 from keras_mgpu_plugins.errors import TopologyError
 from keras_mgpu_plugins.runtime._base import Rank
-from keras_mgpu_plugins.topology import topology_from_env
 
 
 def whoami(strategy: Any | None = None) -> Rank:
@@ -124,15 +124,25 @@ def spans_workers(strategy: Any | None = None) -> bool:
     return True
 
 
+def strategy_name(strategy: Any) -> str:
+    """The public name of `strategy`'s class (TensorFlow's multi-worker class is named otherwise)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
+def replicas_per_worker(strategy: Any) -> int:
+    """How many of `strategy`'s replicas each worker holds (its devices)."""
+    return len(strategy.extended.worker_devices)
+
+
 def _workers_in(strategy: Any) -> int:
-    return strategy.num_replicas_in_sync // len(strategy.extended.worker_devices)
+    return strategy.num_replicas_in_sync // replicas_per_worker(strategy)
 
 
 def _task_rank(strategy: Any) -> int:
     resolver = strategy.cluster_resolver
-    task_type, task_id = resolver.task_type, resolver.task_id
     spec = resolver.cluster_spec().as_dict()
-    has_chief = "chief" in spec and spec["chief"]
-    if task_type == "chief":
-        return 0
-    return int(task_id) + (1 if has_chief else 0)
+    return worker_rank(resolver.task_type, int(resolver.task_id), bool(spec.get("chief")))

@@ -1,6 +1,8 @@
 """Atomic file writes: a file appears at its final name complete, or not at all.
 
-Shared by the checkpointing callbacks. A writer produces the file under a
+The package's one atomic writer (checkpoints, backups, heartbeats, the
+launcher's result files): `atomic_write(path, write)`, or `write_bytes_atomic`
+for data already in memory. A writer produces the file under a
 temporary name in the *same folder* (so the final rename never crosses file
 systems), the data is flushed to disk with `fsync`, and `os.replace` moves it to
 the final name in one step; the folder is then synced so the rename itself
@@ -11,9 +13,11 @@ one cleanup rule of the package: `is_stale`).
 
 Remote paths (`is_remote`: `gs://...`, any `scheme://`, as Keras decides) have
 no rename: the file is written to a local scratch folder, then copied into
-place with one `tf.io.gfile.copy`. Object stores publish an object whole when
+place with one copy of the backend's remote file functions
+(`backends.current().remote_files()`: `tf.io.gfile` on TensorFlow; the other
+backends raise, naming what to do instead). Object stores publish an object whole when
 its upload completes, so readers see the previous object or the new one;
-file systems reached through `tf.io.gfile` (`hdfs://`) may show a partly
+file systems reached that way (`hdfs://`) may show a partly
 copied file while the copy runs.
 
 Example:
@@ -30,6 +34,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 #: Part of every temporary name made here: `.{name}.kmp-tmp-{host}-{pid}-{random}{suffix}`.
 TEMP_MARKER = ".kmp-tmp-"
@@ -50,12 +55,17 @@ def is_remote(path: str) -> bool:
 
 
 def isdir(path: str) -> bool:
-    """`os.path.isdir`, through `tf.io.gfile` for a remote path."""
+    """`os.path.isdir`, through the backend's remote file functions for a remote path."""
     if is_remote(path):
-        import tensorflow as tf
-
-        return bool(tf.io.gfile.isdir(path))
+        return bool(_remote_files().isdir(path))
     return os.path.isdir(path)
+
+
+def _remote_files() -> Any:
+    """`tf.io.gfile`'s file functions, from the active backend (`remote_files()`)."""
+    from keras_mgpu_plugins import backends
+
+    return backends.current().remote_files()
 
 
 def temp_path(path: str, suffix: str = "") -> str:
@@ -180,18 +190,32 @@ def atomic_write(path: str, write: Callable[[str], object], suffix: str = "") ->
     fsync_dir(directory)
 
 
+def write_bytes_atomic(path: str, data: bytes | str) -> None:
+    """Writes `data` (a `str` as UTF-8) to `path` atomically (`atomic_write`).
+
+    Args:
+        path: The final path (replaced if it exists).
+        data: The whole content of the file.
+    """
+    content = data.encode() if isinstance(data, str) else data
+
+    def write(staged: str) -> None:
+        with open(staged, "wb") as f:
+            f.write(content)
+
+    atomic_write(path, write)
+
+
 def _upload(path: str, write: Callable[[str], object]) -> None:
     """`write`s a local scratch file named like `path`, then copies it to `path`."""
-    import tensorflow as tf
-
     scratch = tempfile.mkdtemp(prefix="kmp-upload-")
     try:
         local = os.path.join(scratch, os.path.basename(path))  # keeps the format's ending
         write(local)
-        directory = os.path.dirname(path)
-        if directory and not directory.endswith(":") and not tf.io.gfile.exists(directory):
-            tf.io.gfile.makedirs(directory)  # as Keras does ("gs:" is no folder to make)
-        tf.io.gfile.copy(local, path, overwrite=True)
+        files, directory = _remote_files(), os.path.dirname(path)
+        if directory and not directory.endswith(":") and not files.exists(directory):
+            files.makedirs(directory)  # as Keras does ("gs:" is no folder to make)
+        files.copy(local, path, overwrite=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

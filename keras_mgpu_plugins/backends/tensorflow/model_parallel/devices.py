@@ -9,35 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keras_mgpu_plugins.backends.tensorflow import local_devices as _local_devices
+
 
 def local_devices() -> list[str]:
     """This process's devices: every logical GPU, else every logical CPU (simulated ones too)."""
-    gpus = _local("GPU")
-    return gpus or _local("CPU")
+    return _spelled(_local_devices.replica_devices())
 
 
-def _local(kind: str | None = None) -> list[str]:
-    """This process's logical devices (of `kind`), spelled `/device:GPU:1`, in order."""
-    import tensorflow as tf
-
-    devices = tf.config.list_logical_devices(kind) if kind else tf.config.list_logical_devices()
-    here = _this_task(tf, [d.name for d in devices])
-    names = []
-    for device in devices:
-        spec = tf.DeviceSpec.from_string(device.name)
-        if spec.job is None or (spec.job, spec.replica, spec.task) == here:
-            names.append(f"/device:{spec.device_type}:{spec.device_index}")
-    return names
+def _spelled(names: Sequence[str]) -> list[str]:
+    """This process's devices as one process spells them: `/device:GPU:1`."""
+    return [_short(_local_devices.device_spec(name)) for name in names]
 
 
-def _this_task(tf: object, names: Sequence[str]) -> tuple | None:
-    """(job, replica, task) of this process when the runtime knows a cluster, else `None`."""
-    if not any(name.startswith("/job:") for name in names):
-        return None
-    from keras_mgpu_plugins import compat
-
-    spec = tf.DeviceSpec.from_string(compat.this_task())
-    return spec.job, spec.replica, spec.task
+def _short(spec: object) -> str:
+    return f"/device:{spec.device_type}:{spec.device_index or 0}"
 
 
 def canonical(name: str, argument: str = "devices") -> str:
@@ -50,16 +36,14 @@ def canonical(name: str, argument: str = "devices") -> str:
     Raises:
         ValueError: If the device does not exist in this process.
     """
-    import tensorflow as tf
-
-    existing = _local()
+    existing = _spelled(_local_devices.logical_devices())
     try:
-        spec = tf.DeviceSpec.from_string(name if name.startswith("/") else "/" + name)
+        spec = _local_devices.device_spec(name)
     except (ValueError, TypeError):
         spec = None
     if spec is not None and spec.device_type:
-        wanted = f"/device:{spec.device_type.upper()}:{spec.device_index or 0}"
-        if wanted in existing and _names_this_task(tf, spec):
+        wanted = _short(spec)
+        if wanted in existing and _names_this_task(spec):
             return wanted
     raise ValueError(
         f"{argument}: device {name!r} does not exist in this process. The devices that exist: "
@@ -67,11 +51,11 @@ def canonical(name: str, argument: str = "devices") -> str:
     )
 
 
-def _names_this_task(tf: object, spec: object) -> bool:
+def _names_this_task(spec: object) -> bool:
     """Whether a device spec's job/task, if it names one, is this process's."""
     if spec.job is None or spec.job == "localhost":
         return True
-    here = _this_task(tf, ["/job:"])
+    here = _local_devices.this_task()
     return here is None or (spec.job, spec.replica or 0, spec.task or 0) == here
 
 

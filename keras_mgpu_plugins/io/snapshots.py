@@ -7,17 +7,20 @@ walks them. `Snapshot.write(path)` later produces the same file from the
 snapshot alone, on the training thread (a synchronous save) or on the writer
 thread (`async_save=True`), while training goes on and changes the variables.
 
-A read costs no copy where TensorFlow allows: reading a variable gives a
-tensor that shares its buffer, and the next update of that variable copies it
-first (copy-on-write), so the snapshot holds the values of the moment it was
-taken. The conversion to NumPy, the serialisation and the file I/O all
+A read is the backend's (`backends.current().read_variable`). It costs no copy
+where TensorFlow allows: reading a variable gives a tensor that shares its
+buffer, and the next update of that variable copies it first (copy-on-write),
+so the snapshot holds the values of the moment it was taken. On JAX it is a
+copy on the variable's devices (the trainer donates, hence deletes, the arrays
+of each step); a value spread unreplicated over several processes is gathered
+to the host then, by every process. The conversion to NumPy, the serialisation and the file I/O all
 happen in `write`. On a GPU the read stays in device memory until `write`
 copies it to the host (one more copy of the variables in device memory while
 a write is pending).
 
 Every worker takes the same snapshot (a read can be a collective operation
 under a multi-worker strategy: every worker must read the same variables in
-the same order); only the chief writes (`_checkpoint_writer`).
+the same order); only the chief writes (`async_writer`).
 
 It relies on Keras's saving internals, all reached through `compat` (the
 private use `"saving_internals"`: `compat.save_state_walk`, Keras's own walk
@@ -40,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from keras_mgpu_plugins import compat
-from keras_mgpu_plugins.callbacks._checkpoint_rules import check_template
 
 
 def check_keras_internals() -> None:
@@ -67,7 +69,7 @@ class Snapshot:
     h5_bytes: bytes | None = None
 
     def write(self, path: str) -> None:
-        """Writes the checkpoint file at `path` (not atomically: see `_atomic`)."""
+        """Writes the checkpoint file at `path` (not atomically: see `io.atomic`)."""
         if self.kind == "h5":
             with open(path, "wb") as f:
                 f.write(self.h5_bytes)
@@ -85,10 +87,36 @@ class Snapshot:
 
 
 def read(variable: Any) -> Any:
-    """A snapshot read of one Keras variable: shares its buffer until its next update."""
-    import tensorflow as tf
+    """A snapshot read of one Keras variable: its values of this moment, copied only where
+    the backend must (`backends.current().read_variable`)."""
+    from keras_mgpu_plugins import backends
 
-    return tf.identity(variable.value)  # (keras.ops.convert_to_tensor does not read)
+    return backends.current().read_variable(variable)
+
+
+def check_template(source: Any, target: Any) -> bool:
+    """Whether `target` needs `source`'s values copied (`False`: it shares them).
+
+    Raises:
+        ValueError: If the two models' weights differ in number or shapes.
+    """
+    sources, targets = source.weights, target.weights
+    if targets and {id(v) for v in targets} <= {id(v) for v in sources}:
+        # The template's variables are the trained ones: the trained model wraps the
+        # template (e.g. `Sequential([Input, template])`). `multi_gpu_model` does not
+        # share: its template holds a copy, and is copied into here like any other.
+        return False
+    shapes = [tuple(v.shape) for v in sources]
+    wanted = [tuple(v.shape) for v in targets]
+    if shapes != wanted:
+        raise ValueError(
+            "ModelCheckpoint(model=...) saves a template model that must have the "
+            f"same weights as the trained model {source.name!r}, in the same order, "
+            f"to receive them. The trained model has {len(shapes)} weights of shapes "
+            f"{shapes}; the template {target.name!r} has {len(wanted)} weights of shapes "
+            f"{wanted}. Received: model={target.name!r}"
+        )
+    return True
 
 
 def copy_weights(source: Any, target: Any) -> list | None:
@@ -96,7 +124,7 @@ def copy_weights(source: Any, target: Any) -> list | None:
 
     A template model (`ModelCheckpoint(model=...)`, `multi_gpu_model`'s
     template) receives the trained values this way: one read of each trained
-    variable (no copy where TensorFlow allows), then one `assign` of it into
+    variable (no copy where the backend allows), then one `assign` of it into
     the target's variable (a device-to-device copy, no NumPy round trip).
 
     Returns:

@@ -18,28 +18,25 @@ See docs/model_parallelism.md, "Hybrid parallelism", for why this design.
 from __future__ import annotations
 
 import contextlib
-import weakref
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import collective, compat
+from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.backends.tensorflow.model_parallel import devices as _devices
+from keras_mgpu_plugins.backends.tensorflow.model_parallel import factory
+from keras_mgpu_plugins.backends.tensorflow.model_parallel.placement import Plan
 from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
-from keras_mgpu_plugins.model_parallel import devices as _devices
-from keras_mgpu_plugins.model_parallel import factory
-from keras_mgpu_plugins.model_parallel.placement import Plan
-from keras_mgpu_plugins.topology import topology
-
-#: (workers, this worker's index) of each model placed by "hybrid" (read by `placement_report`).
-WORKERS: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+from keras_mgpu_plugins.backends.tensorflow.runtime import TensorFlowRuntime
+from keras_mgpu_plugins.cluster.topology import topology
+from keras_mgpu_plugins.model_parallel import plans
 
 
 def prepare() -> Any:
     """At decoration: the hybrid strategy when the job has several workers (created now,
     before TensorFlow's runtime starts), else `None` (one worker: `"model_parallel"`)."""
-    from keras_mgpu_plugins import strategy as _strategy
+    from keras_mgpu_plugins.backends.tensorflow import strategy as _strategy
 
     return _strategy.hybrid_strategy() if topology().is_multi_worker else None
 
@@ -70,7 +67,8 @@ def build(fn: Callable[..., Any], args: tuple, kwargs: dict, devices: Any,
         model = factory.build(fn, args, kwargs, devices, micro_batches,
                               scope=lambda: placing_scope(strategy),
                               check_plan=lambda plan: _same_plan(plan, strategy))
-        WORKERS[model] = (collective.num_workers(strategy), collective.worker_index(strategy))
+        rank = TensorFlowRuntime(strategy).rank()
+        plans.set_workers(model, rank.num_workers, rank.worker_index)
         compat.apply_to("hybrid_compile_in_strategy_scope", model, strategy)
     return model
 
@@ -121,7 +119,7 @@ def placing_scope(strategy: Any) -> Iterator[None]:
 
 
 def _same_device_count(strategy: Any) -> None:
-    counts = collective.all_gather(np.array([len(_devices.local_devices())]), strategy)[:, 0]
+    counts = TensorFlowRuntime(strategy).all_gather(np.array([len(_devices.local_devices())]))[:, 0]
     if len(set(counts.tolist())) > 1:
         listed = ", ".join(f"worker {i}: {int(n)}" for i, n in enumerate(counts))
         raise ValueError(
@@ -138,16 +136,10 @@ def signature(plan: Plan) -> str:
 
 def _same_plan(plan: Plan, strategy: Any) -> None:
     """Raises on every worker, naming the first difference, if a worker placed otherwise."""
-    text = signature(plan).encode()
-    lengths = collective.all_gather(np.array([len(text), zlib.crc32(text)]), strategy)
-    if len({(int(n), int(c)) for n, c in lengths}) == 1:
+    runtime, text = TensorFlowRuntime(strategy), signature(plan)
+    if not runtime.settings_differ({"placement": text}):
         return
-    padded = np.zeros(int(lengths[:, 0].max()), np.int64)
-    padded[:len(text)] = np.frombuffer(text, np.uint8)
-    texts = [bytes(row[:int(n)].astype(np.uint8)).decode()
-             for row, n in zip(collective.all_gather(padded, strategy), lengths[:, 0],
-                               strict=True)]
-    lines = [t.splitlines() for t in texts]
+    lines = [t.splitlines() for t in runtime.gather_texts(text)]
     first = next((i for i in range(max(map(len, lines)))
                   if len({tuple(x[i:i + 1]) for x in lines}) > 1), 0)
     where = "; ".join(f"worker {w}: {x[first] if first < len(x) else '(no such call)'}"

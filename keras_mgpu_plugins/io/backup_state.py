@@ -167,7 +167,3 @@ def sha256(path: str) -> str:
             h.update(chunk)
     return h.hexdigest()
 
-
-def write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)

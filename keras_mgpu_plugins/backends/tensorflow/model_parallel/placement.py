@@ -28,9 +28,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from keras_mgpu_plugins import compat
+from keras_mgpu_plugins.backends.tensorflow.local_devices import logical_devices
+from keras_mgpu_plugins.backends.tensorflow.model_parallel import devices as _devices
 from keras_mgpu_plugins.backends.tensorflow.patches import functional_graph as private
 from keras_mgpu_plugins.model_parallel import costs as _costs
-from keras_mgpu_plugins.model_parallel import devices as _devices
 from keras_mgpu_plugins.model_parallel.balance import split_contiguous
 
 
@@ -67,9 +68,7 @@ def staging_device() -> str | None:
     """Where a layer called without a scope builds its variables while the factory runs:
     the host (`/device:CPU:0`) when this process has GPUs, so no GPU ever holds the whole
     model; `None` (TensorFlow's default device) without GPUs."""
-    import tensorflow as tf
-
-    return "/device:CPU:0" if tf.config.list_logical_devices("GPU") else None
+    return "/device:CPU:0" if logical_devices("GPU") else None
 
 
 #: The recordings in progress, innermost last: (staging device, what it records into).

@@ -3,7 +3,7 @@
 The one scheme of every save (`ModelCheckpoint`, `BackupAndRestore`):
 
 1. every worker takes the same `Snapshot` of the model on its training thread
-   (`_checkpoint_io.take_snapshot`: reads, no copy where TensorFlow allows);
+   (`snapshots.take_snapshot`: reads, no copy where the backend allows);
 2. only the chief writes it: at once on the training thread, or with
    `async_save=True` on one background thread, at most one write in flight;
 3. an error reaches every worker, with its cause: a synchronous save is one
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins.callbacks._checkpoint_io import Snapshot, take_snapshot
+from keras_mgpu_plugins.io.snapshots import Snapshot, take_snapshot
 from keras_mgpu_plugins.runtime import PeerFailedError, Runtime, decode_error, encode_error
 
 

@@ -1,0 +1,253 @@
+"""Who am I in the job: pure functions of the environment, no TensorFlow needed.
+
+A `Topology` says how many workers the job has, which one this process is, and
+whether it is the chief. It is computed from, in order of precedence:
+
+1. `TF_CONFIG` (the variable every `tf.distribute` cluster resolver reads, and
+   that Kubernetes operators, Ray Train and `kmp-launch` set);
+2. SLURM (`SLURM_NTASKS > 1` in a task that `srun` started: `SLURM_PROCID`, the
+   step's task count and node list), building the cluster the same way
+   TensorFlow's `SlurmClusterResolver` does;
+3. a single process.
+
+Every callback asks the runtime (`kmp.runtime.of(model)`), whose rank agrees with
+this module, instead of reading the environment itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from keras_mgpu_plugins.cluster.local_devices import gpus_from_env, local_device_names
+from keras_mgpu_plugins.cluster.slurm import (
+    DEFAULT_SLURM_PORT_BASE,
+    SLURM_STEP_VARS,
+    check_step,
+    expand_hostlist,
+    expand_tasks_per_node,
+    slurm_fields,
+)
+from keras_mgpu_plugins.cluster.slurm import int_env as _int_env
+from keras_mgpu_plugins.errors import TopologyError
+
+__all__ = ["DEFAULT_SLURM_PORT_BASE", "PS_REFUSAL", "SLURM_STEP_VARS", "TRAINING_TASK_TYPES",
+           "Topology", "TopologyError", "expand_hostlist", "expand_tasks_per_node",
+           "gpus_from_env", "local_device_names", "topology", "topology_from_env", "worker_rank"]
+
+#: Task types that take part in synchronous all-reduce training.
+TRAINING_TASK_TYPES = ("chief", "worker")
+
+#: Why a cluster with "ps" tasks is refused, and what to do instead.
+PS_REFUSAL = (
+    'TF_CONFIG describes a parameter-server cluster (task type "ps"), which Keras 3 cannot '
+    "train: its Model.fit refuses ParameterServerStrategy (keras-team/keras#18624), so "
+    "building one yourself does not help either. Train with synchronous all-reduce "
+    "instead: remove the \"ps\" tasks from the cluster and keep the \"chief\"/\"worker\" "
+    "tasks; kmp then creates a MultiWorkerMirroredStrategy over them "
+    "(@kmp.parallelize, or kmp.launch on one machine)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this process stands in a (possibly) distributed job.
+
+    Attributes:
+        num_workers: Number of processes that train together (chief and workers).
+        worker_index: This process's rank among them, 0 for the chief.
+        is_chief: Whether this process writes checkpoints, logs and uploads.
+        task_type: `"chief"`, `"worker"` or `"evaluator"`, or `None` for a
+            single process.
+        task_index: Index of this task within its task type.
+        cluster_spec: Task type to list of `host:port`, or `None` for a single
+            process.
+        source: `"tf_config"`, `"slurm"` or `"local"`.
+        local_devices: Names of this process's accelerators (`"GPU:0"`, ...), or
+            of its logical CPU devices when it has no accelerator.
+    """
+
+    num_workers: int = 1
+    worker_index: int = 0
+    is_chief: bool = True
+    task_type: str | None = None
+    task_index: int = 0
+    cluster_spec: Mapping[str, tuple[str, ...]] | None = None
+    source: str = "local"
+    local_devices: tuple[str, ...] = ()
+
+    @property
+    def is_multi_worker(self) -> bool:
+        """Whether more than one process trains together."""
+        return self.num_workers > 1
+
+    @property
+    def num_local_devices(self) -> int:
+        """Number of devices this process drives (at least 1)."""
+        return max(1, len(self.local_devices))
+
+    def tf_config(self) -> dict[str, Any] | None:
+        """The `TF_CONFIG` dictionary describing this topology, if distributed."""
+        if self.cluster_spec is None or self.task_type is None:
+            return None
+        return {
+            "cluster": {k: list(v) for k, v in self.cluster_spec.items()},
+            "task": {"type": self.task_type, "index": self.task_index},
+        }
+
+
+def topology_from_env(
+    env: Mapping[str, str], local_devices: Sequence[str] = ()
+) -> Topology:
+    """Computes the topology described by an environment mapping.
+
+    Args:
+        env: Environment variables, e.g. `os.environ`.
+        local_devices: Names of this process's devices, passed through.
+
+    Returns:
+        The `Topology`.
+
+    Raises:
+        TopologyError: If `TF_CONFIG` or the SLURM variables are malformed.
+    """
+    devices = tuple(local_devices)
+    if env.get("TF_CONFIG", "").strip():
+        return _from_tf_config(env["TF_CONFIG"], devices)
+    if _int_env(env, "SLURM_NTASKS", default=1) > 1 or _int_env(
+        env, "SLURM_NPROCS", default=1
+    ) > 1:
+        fields = slurm_fields(env)
+        if env is os.environ:  # the ancestry is this process's: only for its own variables
+            check_step(env)
+        return Topology(**fields, local_devices=devices)
+    return Topology(local_devices=devices)
+
+
+def topology() -> Topology:
+    """The topology of this process, from `os.environ` and its devices.
+
+    Reads the environment at each call (never cached at import), and lists
+    devices without starting TensorFlow's runtime, so it is safe to call before
+    a multi-worker strategy is created.
+
+    Example:
+        >>> import keras_mgpu_plugins as kmp
+        >>> kmp.topology().num_workers
+        1
+    """
+    return topology_from_env(os.environ, local_device_names())
+
+
+# --- TF_CONFIG -------------------------------------------------------------------
+
+
+def _from_tf_config(raw: str, devices: tuple[str, ...]) -> Topology:
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise TopologyError(
+            f"TF_CONFIG is not valid JSON ({err.msg} at position {err.pos}). "
+            f"Received: TF_CONFIG={raw!r}"
+        ) from None
+    if not isinstance(config, dict):
+        raise TopologyError(f"TF_CONFIG must be a JSON object. Received: TF_CONFIG={raw!r}")
+    cluster = _parse_cluster(config.get("cluster"), raw)
+    task = config.get("task")
+    if not isinstance(task, dict):
+        raise TopologyError(
+            'TF_CONFIG["task"] must be an object like {"type": "worker", "index": 0}. '
+            f"Received: task={task!r}"
+        )
+    task_type = task.get("type")
+    if task_type not in cluster:
+        raise TopologyError(
+            f'TF_CONFIG["task"]["type"] must be one of the cluster\'s task types '
+            f"{sorted(cluster)}. Received: type={task_type!r}"
+        )
+    index = task.get("index", 0)
+    if isinstance(index, str) and index.isdigit():
+        index = int(index)
+    if not isinstance(index, int) or isinstance(index, bool) or not (
+        0 <= index < len(cluster[task_type])
+    ):
+        raise TopologyError(
+            f'TF_CONFIG["task"]["index"] must be an integer in '
+            f"[0, {len(cluster[task_type])}) for task type {task_type!r}. "
+            f"Received: index={index!r}"
+        )
+    if "ps" in cluster:
+        raise TopologyError(
+            PS_REFUSAL + f" Received: ps={list(cluster['ps'])!r}"
+        )
+    chiefs = cluster.get("chief", ())
+    workers = cluster.get("worker", ())
+    if len(chiefs) > 1:
+        raise TopologyError(
+            f'TF_CONFIG["cluster"]["chief"] must list at most one address. '
+            f"Received: chief={list(chiefs)!r}"
+        )
+    num_workers = len(chiefs) + len(workers)
+    if task_type in TRAINING_TASK_TYPES:
+        worker_index = worker_rank(task_type, index, bool(chiefs))
+    else:  # an evaluator or other side task: not part of the all-reduce group
+        worker_index = 0
+    return Topology(
+        num_workers=max(num_workers, 1),
+        worker_index=worker_index,
+        is_chief=task_type in TRAINING_TASK_TYPES and worker_index == 0,
+        task_type=task_type,
+        task_index=index,
+        cluster_spec=cluster,
+        source="tf_config",
+        local_devices=devices,
+    )
+
+
+def worker_rank(task_type: str, task_id: int, has_chief: bool) -> int:
+    """The rank of a training task among the job's workers: the chief first, then the workers.
+
+    Args:
+        task_type: `"chief"` or `"worker"`.
+        task_id: The task's index within its type.
+        has_chief: Whether the cluster has a `"chief"` task.
+
+    Returns:
+        0 for the chief; a worker's index, shifted by one behind a chief.
+    """
+    if task_type == "chief":
+        return 0
+    return task_id + (1 if has_chief else 0)
+
+
+def _parse_cluster(cluster: Any, raw: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(cluster, dict) or not cluster:
+        raise TopologyError(
+            'TF_CONFIG["cluster"] must be a non-empty object mapping task types to '
+            f"lists of \"host:port\". Received: cluster={cluster!r}"
+        )
+    parsed = {}
+    for task_type, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses:
+            raise TopologyError(
+                f'TF_CONFIG["cluster"][{task_type!r}] must be a non-empty list of '
+                f'"host:port" strings. Received: {addresses!r}'
+            )
+        for address in addresses:
+            if not isinstance(address, str) or not _is_host_port(address):
+                raise TopologyError(
+                    f'TF_CONFIG["cluster"][{task_type!r}] holds an address that is not '
+                    f'"host:port" with a port in [1, 65535]. Received: {address!r}'
+                )
+        parsed[task_type] = tuple(addresses)
+    return parsed
+
+
+def _is_host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+

@@ -1,0 +1,59 @@
+"""What `kmp.launch` and `kmp-launch` share: argument checks, the workers' environment, the run."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from keras_mgpu_plugins.launch._errors import LaunchError
+
+WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
+                   "KMP_JOB_DIR")
+
+
+def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
+         payload: bytes | None = None, output: str = "chief",
+         log_dir: str | None = None) -> list[Any]:
+    # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
+    # this package first, and must not have imported its own module already.
+    from keras_mgpu_plugins.launch._supervisor import run
+
+    return run(spec, num_workers, timeout, environ, payload, output, log_dir)
+
+
+def _check_common(num_workers: Any, timeout: Any) -> None:
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+        raise ValueError(
+            f"num_workers must be a positive integer. Received: num_workers={num_workers!r}")
+    if timeout is not None and (
+        not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+        or not math.isfinite(timeout) or timeout <= 0
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds or None. Received: timeout={timeout!r}")
+    if not hasattr(os, "killpg"):
+        raise LaunchError("kmp.launch needs a POSIX system (process groups); "
+                          f"this is {sys.platform!r}.")
+
+
+def _worker_environ(env: Mapping[str, str | None] | None) -> dict[str, str]:
+    environ = dict(os.environ)
+    if env is None:
+        return environ
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a dict of str to str or None. Received: env={env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not (value is None or isinstance(value, str)):
+            raise TypeError(f"env must map str to str or None. Received: env[{key!r}]={value!r}")
+        if key in WORKER_ENV_VARS:
+            raise ValueError(
+                f"env may not set {key}: kmp.launch sets it for each worker (reserved: "
+                f"{', '.join(WORKER_ENV_VARS)}). Received: env={dict(env)!r}")
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    return environ
