@@ -1,0 +1,116 @@
+"""The JAX backend: `keras.distribution` (DataParallel over every device of every process)
+over `jax.distributed` processes, their collectives, simulated CPU devices, and inputs fed
+to each process as one device would see them.
+
+The functions below are what the backend-free package asks of a backend
+(`keras_mgpu_plugins.backends.current()`); each imports JAX only when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def runtime_of(model: Any = None) -> Any:
+    """The runtime of this JAX process (`jax.process_index()` of `jax.process_count()`)."""
+    from keras_mgpu_plugins.backends.jax.runtime import JaxRuntime
+
+    return JaxRuntime.for_model(model)
+
+
+def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
+    """`n` CPU devices, set before JAX's backend starts."""
+    from keras_mgpu_plugins.backends.jax.devices import simulate_devices as split
+
+    return split(n, memory_limit_mb)
+
+
+def local_device_names() -> tuple[str, ...]:
+    """This process's JAX devices, e.g. `("GPU:0", "GPU:1")` or `("CPU:0", "CPU:1")`.
+
+    Before JAX's backend starts they are named from its configuration, without
+    starting it (listing them would: `simulate_devices` and `jax.distributed`
+    must come before), as `kmp.topology()` does before a backend is imported.
+    """
+    import jax
+
+    from keras_mgpu_plugins.compat._private import jax_backends_started
+
+    if not jax_backends_started():
+        from keras_mgpu_plugins.backends.jax.devices import planned_device_names
+
+        return planned_device_names()
+    return tuple(f"{d.platform.upper()}:{i}" for i, d in enumerate(jax.local_devices()))
+
+
+def gpu_memory() -> Any:
+    """This process's JAX GPUs and `Device.memory_stats()` (`samplers.gpu.GPUMemory`).
+
+    JAX has no call that restarts a device's peak: `reset_peak` does nothing, and
+    the peak is the process's so far.
+    """
+    from types import SimpleNamespace
+
+    import jax
+
+    from keras_mgpu_plugins.samplers.gpu import GPUDevice
+
+    gpus = [d for d in jax.local_devices() if d.platform.upper() == "GPU"]
+    devices = [GPUDevice(name=f"GPU:{i}", ordinal=int(d.local_hardware_id), physical=str(d),
+                         framework="JAX", model=getattr(d, "device_kind", None))
+               for i, d in enumerate(gpus)]
+
+    def read(name: str) -> dict[str, int] | None:
+        index = [g.name for g in devices].index(name) if name in [g.name for g in devices] else -1
+        stats = gpus[index].memory_stats() if index >= 0 else None
+        if not stats:
+            return None
+        return {"current": int(stats.get("bytes_in_use", 0)),
+                "peak": int(stats.get("peak_bytes_in_use", 0))}
+
+    return SimpleNamespace(devices=devices, read=read, reset_peak=lambda name: None)
+
+
+def remote_files() -> Any:
+    """Remote paths need TensorFlow's file systems, which the JAX lane does not load."""
+    from keras_mgpu_plugins.backends import single
+
+    return single.remote_files()
+
+
+def summary_writer(logdir: str) -> Any:
+    """TensorBoard event files need TensorFlow's writer, which the JAX lane does not load."""
+    from keras_mgpu_plugins.backends import single
+
+    return single.summary_writer(logdir)
+
+
+def parallelize_factory(factory: Any, *, strategy: Any, devices: Any, require_compiled: bool,
+                        micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None) -> Any:
+    """`kmp.parallelize` with `keras.distribution` (see `backends/jax/distribution.py`)."""
+    from keras_mgpu_plugins.backends.jax.distribution import parallelize_jax
+
+    return parallelize_jax(factory, strategy, devices, require_compiled, micro_batches,
+                           sync_batchnorm, layout_map)
+
+
+def join_job() -> None:
+    """Joins the multi-process job before any user code: `jax.distributed` from the
+    environment (the launcher's, SLURM's or `KERAS_DISTRIBUTION_*`), before any JAX call."""
+    from keras_mgpu_plugins.backends.jax.distribution import initialize
+
+    initialize()
+
+
+def read_variable(variable: Any) -> Any:
+    """`variable`'s value of this moment, kept while training goes on.
+
+    A copy on the variable's devices: Keras's JAX trainer donates the arrays it
+    trains to the next step, which deletes them. A value spread over several
+    processes and replicated on none is gathered here, on every process (a
+    collective: every process takes the same snapshot), so the chief alone can
+    write it.
+    """
+    from keras_mgpu_plugins.backends.jax.values import snapshot_read as read
+
+    return read(variable)
