@@ -16,11 +16,17 @@ Rows (each ratio measured within this one run, from medians of repeats):
 - throughput of 1 vs 2 workers on localhost through `kmp.launch`
   (`workers_throughput.py`);
 - 2-worker `fit` (`@kmp.parallelize`) vs a hand-written `tf.distribute` loop on
-  the same 2 workers, samples/s ratio (`workers_vs_loop.py`).
+  the same 2 workers, samples/s ratio (`workers_vs_loop.py`);
+- kmp on JAX vs plain Keras-JAX `DataParallel`, 1 process of 2 simulated CPU
+  devices (`jax_devices`) and 2 processes through `kmp.launch` (`jax_processes`),
+  and JAX vs TensorFlow, 2 workers, kmp on both (`jax_vs_tf`), samples/s ratios
+  (`jax_vs_keras.py`; their jobs run in fresh processes with `KERAS_BACKEND` set).
 
-A benchmark whose script is missing, or that fails, gives a row saying
-"not available" and why; the others still run. Without 2 GPUs the CPU is split
-into 2 logical devices. `--quick` takes ~5-8 minutes on 2 CPU cores.
+A benchmark whose script is missing, or that fails, or whose backend is not
+installed (the first six run on the TensorFlow backend, `KERAS_BACKEND=tensorflow`;
+the JAX ones need JAX, `jax_vs_tf` both) gives a row saying "not available" and
+why; the others still run. Without 2 GPUs the CPU is split into 2 logical
+devices. `--quick` takes ~5-8 minutes on 2 CPU cores (~3 more for the JAX rows).
 """
 
 from __future__ import annotations
@@ -50,13 +56,19 @@ SETTINGS = {
              "checkpoint": {"repeats": 2, "epochs": 4, "width": 4096},
              "fingerprint": {"mb": 64, "layers": 8, "repeats": 7},
              "workers": {"repeats": 3, "steps": 160, "rounds": 3},
-             "loop": {"repeats": 3, "steps": 160, "rounds": 5}},
+             "loop": {"repeats": 3, "steps": 160, "rounds": 5},
+             "jax_devices": {"repeats": 3, "steps": 160, "rounds": 5},
+             "jax_processes": {"repeats": 3, "steps": 160, "rounds": 5},
+             "jax_vs_tf": {"repeats": 3, "steps": 160, "rounds": 5}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
               "fingerprint": {"mb": 16, "layers": 4, "repeats": 5},
               "workers": {"repeats": 2, "steps": 160, "rounds": 1},
-              "loop": {"repeats": 2, "steps": 160, "rounds": 1}},
+              "loop": {"repeats": 2, "steps": 160, "rounds": 1},
+              "jax_devices": {"repeats": 2, "steps": 160, "rounds": 1},
+              "jax_processes": {"repeats": 2, "steps": 160, "rounds": 1},
+              "jax_vs_tf": {"repeats": 2, "steps": 160, "rounds": 1}},
 }
 
 
@@ -287,29 +299,115 @@ def loop_rows(r: dict, steps_per_execution: int, steps: int, rounds: int) -> lis
                 f"median of {rounds} rounds: " + ", ".join(f"{x:.3f}" for x in r["ratios"]))]
 
 
-BENCHMARKS = (
-    ("@kmp.parallelize vs hand-written scope", "parallelize", bench_parallelize),
-    ("callback overhead vs plain fit", "callbacks", bench_callbacks),
-    ("weight-sync fingerprint vs tf.reduce_sum", "fingerprint", bench_fingerprint),
-    ("checkpoint: training blocked per save", "checkpoint", bench_checkpoint),
-    ("1 vs 2 workers on localhost", "workers", bench_workers),
-    ("2-worker fit vs hand-written tf.distribute loop", "loop", bench_loop),
+# --- the JAX lane ---------------------------------------------------------------------------
+
+#: Title of each JAX comparison of `jax_vs_keras.py` (by its key there), and its rows' names.
+JAX_SETUPS = {
+    "devices": ("kmp on JAX vs plain Keras-JAX DataParallel (1 process, 2 simulated CPU devices",
+                "kmp fit", "plain Keras DataParallel"),
+    "processes": ("kmp on JAX vs plain Keras-JAX DataParallel (2 processes through kmp.launch",
+                  "kmp fit", "plain Keras DataParallel"),
+    "backends": ("JAX vs TensorFlow, kmp on both (2 workers through kmp.launch",
+                 "JAX, 2 processes", "TensorFlow, 2 workers"),
+}
+
+
+def jax_bench(which: str):
+    """The benchmark function of comparison `which` of `jax_vs_keras.py`."""
+
+    def bench(repeats: int, steps: int, rounds: int) -> list[dict]:
+        import jax_vs_keras
+
+        rows = []
+        for n in (16, 1):  # steps_per_execution
+            r = jax_vs_keras.measure(which, steps=steps, repeats=repeats, rounds=rounds,
+                                     steps_per_execution=n, report=None)
+            rows += jax_rows(which, r, n, rounds)
+        return rows
+
+    return bench
+
+
+def jax_rows(which: str, r: dict, steps_per_execution: int, rounds: int) -> list[dict]:
+    """Rows from what `jax_vs_keras.measure(which, ...)` returns."""
+    title, first, second = JAX_SETUPS[which]
+    name = f"{title}, global batch 256, steps_per_execution={steps_per_execution})"
+    a, b = r["names"]
+    return [row(name, first, r["first"], "samples/s", f"{r['devices'][0]} devices"),
+            row(name, second, r["second"], "samples/s", f"{r['devices'][1]} devices"),
+            row(name, f"ratio {a} / {b}", r["ratio"], "x",
+                f"median of {rounds} rounds: " + ", ".join(f"{x:.3f}" for x in r["ratios"]))]
+
+
+BENCHMARKS = (  # (title, --only key, function, what it needs)
+    ("@kmp.parallelize vs hand-written scope", "parallelize", bench_parallelize, "tensorflow"),
+    ("callback overhead vs plain fit", "callbacks", bench_callbacks, "tensorflow"),
+    ("weight-sync fingerprint vs tf.reduce_sum", "fingerprint", bench_fingerprint, "tensorflow"),
+    ("checkpoint: training blocked per save", "checkpoint", bench_checkpoint, "tensorflow"),
+    ("1 vs 2 workers on localhost", "workers", bench_workers, "tensorflow"),
+    ("2-worker fit vs hand-written tf.distribute loop", "loop", bench_loop, "tensorflow"),
+    (JAX_SETUPS["devices"][0] + ")", "jax_devices", jax_bench("devices"), "jax"),
+    (JAX_SETUPS["processes"][0] + ")", "jax_processes", jax_bench("processes"), "jax"),
+    (JAX_SETUPS["backends"][0] + ")", "jax_vs_tf", jax_bench("backends"), "jax+tensorflow"),
 )
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def importable(module: str):
+    """The module, imported, or `None` where it is not installed (what this run reports)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def keras_backend() -> str | None:
+    """This run's Keras backend, or `None` where Keras cannot be imported."""
+    try:
+        import keras
+    except Exception:  # e.g. KERAS_BACKEND unset and TensorFlow not installed
+        return None
+    return keras.backend.backend()
+
+
+def lacking(needs: str) -> str | None:
+    """Why a benchmark needing `needs` cannot run in this environment, or `None`."""
+    absent = [m for m in needs.split("+") if not installed(m)]
+    if absent:
+        return f"{' and '.join(absent)} not installed in this environment"
+    if needs == "tensorflow" and keras_backend() != "tensorflow":
+        return (f"runs on the TensorFlow backend; this run's Keras backend is {keras_backend()} "
+                "(run with KERAS_BACKEND=tensorflow)")
+    return None
 
 
 # --- the command ------------------------------------------------------------------------
 
 
 def machine() -> dict:
+    """The machine and the versions installed (`None` for a framework that is not)."""
     import keras
-    import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
 
-    gpus = tf.config.list_physical_devices("GPU")
+    tf, jax = importable("tensorflow"), importable("jax")
+    gpus = 0
+    if tf is not None:
+        gpus = len(tf.config.list_physical_devices("GPU"))
+    if jax is not None and keras.backend.backend() == "jax":
+        gpus = len([d for d in jax.devices() if d.platform == "gpu"])
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_cores": os.cpu_count(), "gpus": len(gpus), "tensorflow": tf.__version__,
-            "keras": keras.__version__, "keras_mgpu_plugins": kmp.__version__}
+            "cpu_cores": os.cpu_count(), "gpus": gpus,
+            "tensorflow": tf.__version__ if tf else None, "jax": jax.__version__ if jax else None,
+            "keras": keras.__version__, "keras_backend": keras.backend.backend(),
+            "keras_mgpu_plugins": kmp.__version__}
 
 
 def format_value(r: dict) -> str:
@@ -335,20 +433,25 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (~5-8 min on 2 CPU cores)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON there")
-    parser.add_argument("--only", nargs="+", choices=[key for _, key, _ in BENCHMARKS],
+    parser.add_argument("--only", nargs="+", choices=[key for _, key, _, _ in BENCHMARKS],
                         help="run only these benchmarks")
     args = parser.parse_args(argv)
-    import tensorflow as tf
-
     import keras_mgpu_plugins as kmp
 
-    if len(tf.config.list_physical_devices("GPU")) < 2:
-        kmp.simulate_devices(2)  # before TensorFlow's runtime starts
+    if keras_backend() == "tensorflow":
+        import tensorflow as tf
+
+        if len(tf.config.list_physical_devices("GPU")) < 2:
+            kmp.simulate_devices(2)  # before TensorFlow's runtime starts
     settings = SETTINGS["quick" if args.quick else "full"]
     started = time.perf_counter()
     rows: list[dict] = []
-    for title, key, bench in BENCHMARKS:
+    for title, key, bench, needs in BENCHMARKS:
         if args.only and key not in args.only:
+            continue
+        reason = lacking(needs)
+        if reason:
+            rows += unavailable(title, reason)
             continue
         print(f"running: {title} ...", file=sys.stderr, flush=True)
         try:
@@ -363,7 +466,8 @@ def main(argv=None) -> dict:
               "machine": machine(), "rows": rows}
     m = result["machine"]
     print(f"{result['date']}  {m['cpu_cores']} CPU cores, {m['gpus']} GPU(s); TensorFlow "
-          f"{m['tensorflow']}, Keras {m['keras']}; {'--quick, ' if args.quick else ''}"
+          f"{m['tensorflow'] or '-'}, JAX {m['jax'] or '-'}, Keras {m['keras']} "
+          f"({m['keras_backend']}); {'--quick, ' if args.quick else ''}"
           f"{result['seconds']:.0f} s\n")
     print(table(rows))
     if args.json:

@@ -57,7 +57,7 @@ def throughput(args: argparse.Namespace) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from keras_mgpu_plugins import fingerprint
+    from keras_mgpu_plugins.backends.tensorflow import fingerprint
 
     width = int((args.mb * 2**20 / 4 / args.layers) ** 0.5)
     model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(args.layers)])
