@@ -29,6 +29,22 @@ class RuntimeAlreadyStartedError(RuntimeError):
     """The backend's runtime started before devices could be configured."""
 
 
+class ModelTooLargeError(ValueError):
+    """A sharded model's parameters and optimizer slots exceed a device's memory.
+
+    Raised by `@kmp.parallelize(strategy="model_parallel")` (or `"hybrid"`) on JAX when
+    the factory returns, before the first step, where the platform reports device memory.
+
+    Attributes:
+        devices: One record per device that cannot hold its part
+            (`backends.jax.memory.DeviceNeed`: bytes needed, available, largest variables).
+    """
+
+    def __init__(self, message: str, devices: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.devices = list(devices or [])
+
+
 #: Exit code of a worker that `kmp.callbacks.StallWatchdog` stops (sysexits' EX_SOFTWARE):
 #: the watchdog exits with it, the launcher reads it as a stall.
 STALL_EXIT_CODE = 70

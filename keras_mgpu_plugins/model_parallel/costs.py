@@ -17,13 +17,19 @@ def slots_per_parameter(optimizer: Any) -> int:
     """How many slot variables the optimizer keeps per parameter (2 when unknown)."""
     if optimizer is None:
         return 0
+    known = known_slots(optimizer)
+    return 2 if known is None else known
+
+
+def known_slots(optimizer: Any) -> int | None:
+    """Slot variables per parameter of a Keras built-in optimizer class, `None` for another."""
     name = type(optimizer).__name__
     if name == "SGD":
         return 1 if float(getattr(optimizer, "momentum", 0.0) or 0.0) else 0
     if name == "RMSprop":
-        return 2 if getattr(optimizer, "centered", False) else 1 + bool(
+        return 1 + bool(getattr(optimizer, "centered", False)) + bool(
             float(getattr(optimizer, "momentum", 0.0) or 0.0))
-    return _SLOTS.get(name, 2)
+    return _SLOTS.get(name)
 
 
 def tensor_bytes(tensor: Any, batch: int) -> int:

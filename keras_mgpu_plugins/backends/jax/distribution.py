@@ -105,10 +105,11 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
             keras.distribution.set_distribution(distribution)  # fit reads it at each call
             model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
             if strategy in _SHARDED:
-                from keras_mgpu_plugins.backends.jax import model_parallel
+                from keras_mgpu_plugins.backends.jax import memory, model_parallel
 
                 model_parallel.check_keys(model, distribution)
                 model_parallel.record(model, distribution)
+                memory.check_every_process(model, strategy)  # before any step allocates more
             from keras_mgpu_plugins.backends.jax import data
 
             data.run_under(model, distribution)
