@@ -20,6 +20,10 @@ simulated CPU devices and reports the bytes per device from `kmp.placement_repor
                                                [--optimizer adam|sgd]
 
 Prints a table and, last, a line `RESULT {json}`.
+
+On JAX (`KERAS_BACKEND=jax`, or `--backend jax`) the script is
+`model_parallel_memory_jax.py`: the bytes each device holds, unsharded against
+sharded, against a stated `--budget-mb`; it imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -105,7 +109,8 @@ def child(case: str, args: argparse.Namespace, limit_mb: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--case", case, "--limit-mb",
            str(limit_mb), "--ratio", str(args.ratio), "--steps", str(args.steps),
            "--optimizer", args.optimizer]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")), None)
     if line is None:
         return {"case": case, "trained": False,
@@ -113,7 +118,22 @@ def child(case: str, args: argparse.Namespace, limit_mb: int) -> dict:
     return json.loads(line[5:])
 
 
+def backend_of(argv) -> tuple[str, list[str]]:
+    """`--backend NAME` (taken out of `argv`), else `KERAS_BACKEND`, else TensorFlow."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    picked = argparse.ArgumentParser(add_help=False)
+    picked.add_argument("--backend", choices=["tensorflow", "jax"], default=None)
+    known, rest = picked.parse_known_args(argv)
+    return known.backend or os.environ.get("KERAS_BACKEND") or "tensorflow", rest
+
+
 def main(argv=None) -> dict:
+    backend, argv = backend_of(argv)
+    if backend == "jax":  # its own script: no TensorFlow in this process or its children
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import model_parallel_memory_jax
+
+        return model_parallel_memory_jax.main(argv)
     args = parse_args(argv)
     limit_mb = args.limit_mb or (64 if args.quick else 1024)
     width = width_for(limit_mb * 2**20, args.ratio, args.optimizer)

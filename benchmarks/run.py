@@ -20,7 +20,11 @@ Rows (each ratio measured within this one run, from medians of repeats):
 - kmp on JAX vs plain Keras-JAX `DataParallel`, 1 process of 2 simulated CPU
   devices (`jax_devices`) and 2 processes through `kmp.launch` (`jax_processes`),
   and JAX vs TensorFlow, 2 workers, kmp on both (`jax_vs_tf`), samples/s ratios
-  (`jax_vs_keras.py`; their jobs run in fresh processes with `KERAS_BACKEND` set).
+  (`jax_vs_keras.py`; their jobs run in fresh processes with `KERAS_BACKEND` set);
+- model parallelism on JAX: the most bytes (parameters + Adam slots) a device holds,
+  one device and data parallel against `strategy="model_parallel"`, for a model
+  1.25x a stated budget per device, and the ratios (`model_parallel_memory_jax.py`,
+  `--only jax_memory`; fresh processes with `KERAS_BACKEND=jax`).
 
 A benchmark whose script is missing, or that fails, or whose backend is not
 installed (the first six run on the TensorFlow backend, `KERAS_BACKEND=tensorflow`;
@@ -59,7 +63,8 @@ SETTINGS = {
              "loop": {"repeats": 3, "steps": 160, "rounds": 5},
              "jax_devices": {"repeats": 3, "steps": 160, "rounds": 5},
              "jax_processes": {"repeats": 3, "steps": 160, "rounds": 5},
-             "jax_vs_tf": {"repeats": 3, "steps": 160, "rounds": 5}},
+             "jax_vs_tf": {"repeats": 3, "steps": 160, "rounds": 5},
+             "jax_memory": {"budget_mb": 1024, "steps": 3}},
     "quick": {"parallelize": {"repeats": 6, "steps": 30},
               "callbacks": {"repeats": 6, "epochs": 2, "steps": 40},
               "checkpoint": {"repeats": 1, "epochs": 3, "width": 1024},
@@ -68,7 +73,8 @@ SETTINGS = {
               "loop": {"repeats": 2, "steps": 160, "rounds": 1},
               "jax_devices": {"repeats": 2, "steps": 160, "rounds": 1},
               "jax_processes": {"repeats": 2, "steps": 160, "rounds": 1},
-              "jax_vs_tf": {"repeats": 2, "steps": 160, "rounds": 1}},
+              "jax_vs_tf": {"repeats": 2, "steps": 160, "rounds": 1},
+              "jax_memory": {"budget_mb": 64, "steps": 2}},
 }
 
 
@@ -339,6 +345,35 @@ def jax_rows(which: str, r: dict, steps_per_execution: int, rounds: int) -> list
                 f"median of {rounds} rounds: " + ", ".join(f"{x:.3f}" for x in r["ratios"]))]
 
 
+JAX_MEMORY = "model_parallel memory on JAX, unsharded vs sharded"
+
+
+def bench_jax_memory(budget_mb: float, steps: int) -> list[dict]:
+    import model_parallel_memory_jax
+
+    return jax_memory_rows(model_parallel_memory_jax.measure(budget_mb, steps=steps))
+
+
+def jax_memory_rows(r: dict) -> list[dict]:
+    """Rows from what `model_parallel_memory_jax.measure` returns."""
+    mib, budget = 2**20, r["budget_bytes"]
+    name = (f"{JAX_MEMORY} (MLP {r['depth']} x {r['width']}, Adam: parameters + slots "
+            f"{r['need_bytes'] / budget:.2f}x a budget of {budget / mib:g} MiB per device; "
+            f"{len(r['devices'])} {r['platform']} devices)")
+    rows = []
+    for case, label in (("one_device", "one device"), ("data_parallel", "data parallel"),
+                        ("sharded", "sharded (model_parallel)")):
+        s = r["summary"][case]
+        peak = ("peak not reported by the platform" if s["peak_max"] is None
+                else f"peak {s['peak_max'] / mib:,.1f} MiB")
+        rows.append(row(name, f"{label}: most bytes a device holds", s["held_max"] / mib, "MiB",
+                        f"{s['of_budget']:.0%} of the budget; live after step "
+                        f"{s['live_max'] / mib:,.1f} MiB; {peak}"))
+    rows += [row(name, f"ratio {k}", v, "x", "parameters + optimizer, most held by a device"
+                 if not k.startswith("peak") else "peak bytes in use")
+             for k, v in r["ratios"].items()]
+    return rows
+
 BENCHMARKS = (  # (title, --only key, function, what it needs)
     ("@kmp.parallelize vs hand-written scope", "parallelize", bench_parallelize, "tensorflow"),
     ("callback overhead vs plain fit", "callbacks", bench_callbacks, "tensorflow"),
@@ -349,6 +384,7 @@ BENCHMARKS = (  # (title, --only key, function, what it needs)
     (JAX_SETUPS["devices"][0] + ")", "jax_devices", jax_bench("devices"), "jax"),
     (JAX_SETUPS["processes"][0] + ")", "jax_processes", jax_bench("processes"), "jax"),
     (JAX_SETUPS["backends"][0] + ")", "jax_vs_tf", jax_bench("backends"), "jax+tensorflow"),
+    (JAX_MEMORY, "jax_memory", bench_jax_memory, "jax"),
 )
 
 

@@ -11,6 +11,10 @@ the check counts are compared with bytes measured independently: each array's
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import jax
 import keras
 import numpy as np
@@ -19,7 +23,7 @@ import pytest
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.backends.jax import memory
 from keras_mgpu_plugins.errors import ModelTooLargeError
-from tests.jax import memory_job
+from tests.jax import helpers, memory_job
 from tests.jax import model_parallel_job as job
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -125,6 +129,7 @@ OPTIMIZERS = {
     "rmsprop_centered_momentum": lambda: keras.optimizers.RMSprop(centered=True, momentum=0.9),
     "adagrad": lambda: keras.optimizers.Adagrad(), "lion": lambda: keras.optimizers.Lion(),
     "ftrl": lambda: keras.optimizers.Ftrl(), "lamb": lambda: keras.optimizers.Lamb(),
+    "adamax": lambda: keras.optimizers.Adamax(), "adadelta": lambda: keras.optimizers.Adadelta(),
     "sgd_ema": lambda: keras.optimizers.SGD(use_ema=True),
     "adam_accumulation": lambda: keras.optimizers.Adam(gradient_accumulation_steps=2),
     "loss_scale_adam": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
@@ -178,3 +183,31 @@ def test_hybrid_refuses_on_every_process_when_one_process_lacks_memory(tmp_path)
     runs = kmp.launch(memory_job.hybrid_with_limits, num_workers=2, args=([enough, enough],),
                       timeout=200, env=DEVICES)
     assert runs == [{"error": None, "message": ""}] * 2
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_shows_unsharded_over_and_sharded_under_the_budget():
+    """benchmarks/model_parallel_memory.py on JAX (no TensorFlow in this environment), tiny."""
+    proc = subprocess.run(
+        [sys.executable, str(helpers.ROOT / "benchmarks" / "model_parallel_memory.py"),
+         "--backend", "jax", "--budget-mb", "8", "--steps", "1"],
+        capture_output=True, text=True, timeout=280, env=helpers.environment())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    budget, need = result["budget_bytes"], result["need_bytes"]
+    assert budget == 8 * 2**20 and need == pytest.approx(1.25 * budget, rel=0.02)
+    one, parallel, sharded = (result["cases"][c] for c in ("one_device", "data_parallel", "sharded"))
+
+    def held(case):
+        return [case["parameters"][d] + case["optimizer"][d] for d in case["devices"]]
+
+    scalars = 64  # Adam's iteration and learning rate
+    assert need <= held(one)[0] <= need + scalars and held(one)[1] == 0
+    assert all(need <= h <= need + scalars for h in held(parallel))  # replicated
+    assert all(need / 2 <= h <= need / 2 + budget * 0.01 for h in held(sharded))  # + biases
+    assert result["unsharded_over_budget"] and result["sharded_under_budget"]
+    assert result["ratios"]["sharded / one device"] == pytest.approx(0.5, abs=0.01)
+    assert all(v is None for c in (one, parallel, sharded) for v in c["peak"].values())
+    assert "not reported by the platform" in proc.stdout
+    for device, h in zip(sharded["devices"], held(sharded), strict=True):  # + a few scalars
+        assert 0 <= sharded["live_after_step"][device] - h <= 1024

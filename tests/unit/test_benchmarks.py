@@ -17,7 +17,7 @@ import pytest
 
 RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 KEYS = ["parallelize", "callbacks", "fingerprint", "checkpoint", "workers", "loop", "jax_devices",
-        "jax_processes", "jax_vs_tf"]
+        "jax_processes", "jax_vs_tf", "jax_memory"]
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,42 @@ def test_jax_rows_come_from_the_numbers_measure_returns(run):
                     run.row(name, "ratio kmp / plain", 0.99, "x", "median of 2 rounds: 0.990, 1.010")]
 
 
+def memory_result(peaks: tuple | None) -> dict:
+    """What `model_parallel_memory_jax.measure` returns, for 2 devices and a 64 MiB budget."""
+    mib = 2**20
+    held = {"one_device": 80 * mib, "data_parallel": 80 * mib, "sharded": 40 * mib}
+    summary = {case: {"held_max": n, "of_budget": n / (64 * mib), "live_max": n,
+                      "peak_max": None if peaks is None else peaks[i] * mib}
+               for i, (case, n) in enumerate(held.items())}
+    ratios = {"sharded / one device": 0.5, "sharded / data parallel": 0.5}
+    if peaks is not None:
+        ratios["peak, sharded / one device"] = peaks[2] / peaks[0]
+    return {"budget_bytes": 64 * mib, "need_bytes": 80 * mib, "width": 934, "depth": 8,
+            "platform": "cpu", "devices": ["cpu:0", "cpu:1"], "summary": summary,
+            "ratios": ratios}
+
+
+def test_jax_memory_rows_come_from_the_numbers_measure_returns(run):
+    rows = run.jax_memory_rows(memory_result(None))
+    name = ("model_parallel memory on JAX, unsharded vs sharded (MLP 8 x 934, Adam: parameters + "
+            "slots 1.25x a budget of 64 MiB per device; 2 cpu devices)")
+    assert rows == [
+        run.row(name, "one device: most bytes a device holds", 80.0, "MiB",
+                "125% of the budget; live after step 80.0 MiB; peak not reported by the platform"),
+        run.row(name, "data parallel: most bytes a device holds", 80.0, "MiB",
+                "125% of the budget; live after step 80.0 MiB; peak not reported by the platform"),
+        run.row(name, "sharded (model_parallel): most bytes a device holds", 40.0, "MiB",
+                "62% of the budget; live after step 40.0 MiB; peak not reported by the platform"),
+        run.row(name, "ratio sharded / one device", 0.5, "x",
+                "parameters + optimizer, most held by a device"),
+        run.row(name, "ratio sharded / data parallel", 0.5, "x",
+                "parameters + optimizer, most held by a device")]
+    rows = run.jax_memory_rows(memory_result((100.0, 100.0, 55.0)))  # a GPU reports its peaks
+    assert rows[2]["detail"].endswith("; peak 55.0 MiB")
+    assert rows[-1] == run.row(name, "ratio peak, sharded / one device", 0.55, "x",
+                               "peak bytes in use")
+
+
 def test_a_backend_not_installed_gives_not_available_rows(run, monkeypatch):
     """What an environment with only TensorFlow (or only JAX) prints for the other's rows."""
     monkeypatch.setattr(run, "installed", lambda module: module != "jax")
@@ -152,6 +188,11 @@ def test_a_backend_not_installed_gives_not_available_rows(run, monkeypatch):
          "tensorflow not installed in this environment"),
         ("JAX vs TensorFlow, kmp on both", "not available", "tensorflow not installed in this environment"),
     ]
+    monkeypatch.setattr(run, "installed", lambda module: module != "jax")
+    returned = run.main(["--only", "jax_memory"])
+    assert [(r["benchmark"], r["metric"], r["detail"]) for r in returned["rows"]] == [
+        ("model_parallel memory on JAX, unsharded vs sharded", "not available",
+         "jax not installed in this environment")]
 
 
 def test_jax_vs_keras_refuses_steps_that_executions_do_not_divide(run):
