@@ -168,7 +168,6 @@ def _message(short: list[DeviceNeed], strategy: str) -> str:
         "(layout_map=), use a smaller model or an optimizer with fewer slots (SGD: none).")
 
 
-
 def check_every_process(model: Any, strategy: str) -> list[DeviceNeed]:
     """`check` on each process's devices; if it raises on one process, it raises on all
     (`Runtime.together`: one all-gather when there are several), so none waits alone."""
