@@ -500,8 +500,9 @@ def full_batch_executions_run(strategy):
 def iterator_release(strategy):
     """The threads that destroy the distributed iterators of a first `fit`, once a second ran.
 
-    Returns `(thread names, iterators the first fit made)`; waits for every one of them to
-    be destroyed (at most 60 s).
+    Returns `(thread names, iterators the first fit made, the release thread's state)`; waits
+    first for the iterators of earlier scenarios to be destroyed (under load each can take
+    seconds), then for every one of this fit's (at most 120 s each).
     """
     import gc
     import threading
@@ -527,6 +528,9 @@ def iterator_release(strategy):
         weakref.finalize(iterator, on_destroy)
         return iterator
 
+    from keras_mgpu_plugins.backends.tensorflow.patches import iterators
+
+    iterators.wait_released(120)  # earlier scenarios' iterators, destroyed one by one
     x, y = make_data()
     model = kmp.parallelize(strategy=strategy)(model_factory())()
     input_lib.DistributedDataset.__iter__ = watched_iter
@@ -537,8 +541,8 @@ def iterator_release(strategy):
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     gc.collect()  # Keras's epoch iterator may sit in a reference cycle
     model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
-    all_destroyed.wait(60)
-    return threads, len(made)
+    all_destroyed.wait(120)
+    return threads, len(made), iterators.release_state()
 
 
 MAXLEN, VOCAB = 6, 10

@@ -122,9 +122,9 @@ def test_used_iterators_are_destroyed_off_the_training_thread(workers):
     from keras_mgpu_plugins.backends.tensorflow.patches.iterators import REAPER_NAME
 
     for worker in workers:
-        threads, made = worker["iterator_release"]
+        threads, made, state = worker["iterator_release"]
         assert made >= 2  # the epoch's iterator and the one Keras makes at the epoch's end
-        assert threads == [REAPER_NAME] * made
+        assert threads == [REAPER_NAME] * made, state
 
 
 def test_sync_batchnorm_matches_one_device_on_the_global_batch(workers):

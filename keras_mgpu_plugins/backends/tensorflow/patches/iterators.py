@@ -144,6 +144,35 @@ def _drop_each(released: queue.Queue) -> None:
         _busy_since = time.monotonic()
         del iterator  # destroyed here, off the training thread
         _busy_since = None
+        released.task_done()
+
+
+def wait_released(timeout: float) -> bool:
+    """Waits until every iterator handed to the release thread so far is destroyed.
+
+    Returns:
+        `False` if some were still waiting, or being destroyed, after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    released = _released
+    while released is not None and released.unfinished_tasks:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def release_state() -> dict:
+    """What the release thread is doing, for an error message: iterators kept, waiting, and
+    the stack of the destruction in progress."""
+    import traceback
+
+    reaper, released, busy = _reaper, _released, _busy_since
+    frame = sys._current_frames().get(reaper.ident) if reaper is not None else None
+    return {"kept": len(_kept), "waiting": released.unfinished_tasks if released else 0,
+            "busy_for_s": None if busy is None else round(time.monotonic() - busy, 1),
+            "alive": bool(reaper and reaper.is_alive()), "stalled": _stalled,
+            "stack": "".join(traceback.format_stack(frame)) if frame is not None else None}
 
 
 def _release_all_at_exit() -> None:
