@@ -11,6 +11,8 @@ set of functions, importing its framework only when one is called:
   `devices`, `read(name)`, `reset_peak(name)`), the framework bound once;
 - `read_variable(variable)`: a snapshot read of a Keras variable (its values of this
   moment, copied only where the backend must);
+- `host_value(variable)`: a Keras variable's whole value as a NumPy array, as
+  `get_weights()` gives it (gathered from the other processes where it spans them);
 - `remote_files()`: an object with `tf.io.gfile`'s file functions, for `gs://`-style paths;
 - `summary_writer(logdir)`: TensorBoard scalars, `write(step, {tag: value})` and `close()`;
 - `parallelize_factory(factory, **options)`: `kmp.parallelize` on this backend;

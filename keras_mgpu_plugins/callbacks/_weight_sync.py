@@ -15,25 +15,34 @@ ON_MISMATCH = ("raise", "warn", "resync")
 DEFAULT_STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
 #: Random-generator states: legitimately per replica, never checked.
 RNG_STATES = ("seed_generator_state",)
+#: A fingerprint where a device holds no copy of a variable's piece (JAX sharded layouts).
+ABSENT = -1
 #: Checks kept in `WeightSyncVerifier.reports`; variables named in one message.
 MAX_REPORTS, MAX_LINES = 1000, 20
 
 
 @dataclasses.dataclass(frozen=True)
 class VariableMismatch:
-    """One variable whose copies differ from the chief's first replica (worker 0, replica 0).
+    """One variable (or one shard of it) whose copies differ from its first copy.
+
+    The first copy is the chief's first replica (worker 0, replica 0) for a variable
+    every device holds whole; for a shard (`shard` set, JAX's sharded layouts) it is
+    the shard's copy on the first worker and device that hold it.
 
     Attributes:
         path: The variable's path, e.g. `"sequential/dense/kernel"`.
         role: `"model"`, `"optimizer"` or `"statistic"` (per-replica state).
-        copies: `(worker, replica)` of each copy that differs.
+        copies: `(worker, replica)` of each copy that differs; for a shard, `replica`
+            is the worker's device (its index among that worker's devices).
         diffs: Max absolute difference of each of those copies from the reference.
+        shard: `""` for the whole variable, else the slice compared, e.g. `"[:, 16:32]"`.
     """
 
     path: str
     role: str
     copies: tuple[tuple[int, int], ...]
     diffs: tuple[float, ...] = ()
+    shard: str = ""
 
     @property
     def max_abs_diff(self) -> float:
@@ -41,10 +50,11 @@ class VariableMismatch:
         return max(self.diffs, default=float("nan"))
 
     def describe(self) -> str:
-        where = [f"worker {w} replica {r}" for w, r in self.copies]
+        holder = "device" if self.shard else "replica"
+        where = [f"worker {w} {holder} {r}" for w, r in self.copies]
         if self.diffs:
             where = [f"{name} (max |diff| {d:.3g})" for name, d in zip(where, self.diffs, strict=True)]
-        return f"{self.path} [{self.role}]: " + ", ".join(where)
+        return f"{self.path}{self.shard} [{self.role}]: " + ", ".join(where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,20 +67,32 @@ class SyncReport:
 
 
 def differing_copies(fingerprints: np.ndarray) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
-    """Which copies of which variables differ from worker 0's replica 0.
+    """Which copies of which variables differ from that variable's first copy.
 
     Args:
-        fingerprints: Shape `(workers, replicas, variables)`.
+        fingerprints: Shape `(workers, replicas, variables)`; `ABSENT` where a
+            device holds no copy (a shard held elsewhere).
 
     Returns:
         `(variable_index, ((worker, replica), ...))` for each variable with a
-        differing copy, in variable order.
+        differing copy, in variable order. The first copy is the first present
+        one in `(worker, replica)` order: worker 0's replica 0 when every device
+        holds one.
     """
-    differ = fingerprints != fingerprints[0, 0]
-    return [
-        (int(v), tuple((int(w), int(r)) for w, r in zip(*np.nonzero(differ[:, :, v]), strict=True)))
-        for v in np.flatnonzero(differ.any(axis=(0, 1)))
-    ]
+    found = [(v, _differing(fingerprints[:, :, v])) for v in range(fingerprints.shape[2])]
+    return [(v, copies) for v, copies in found if copies]
+
+
+def first_copy(fingerprints: np.ndarray) -> tuple[int, int]:
+    """`(worker, replica)` of the first present copy in a `(workers, replicas)` column."""
+    present = np.argwhere(fingerprints != ABSENT)
+    return (int(present[0][0]), int(present[0][1])) if len(present) else (0, 0)
+
+
+def _differing(column: np.ndarray) -> tuple[tuple[int, int], ...]:
+    reference = column[first_copy(column)]
+    differ = (column != reference) & (column != ABSENT)
+    return tuple((int(w), int(r)) for w, r in zip(*np.nonzero(differ), strict=True))
 
 
 def classify(name: str, trainable: bool, synchronization: str, supported: bool,
@@ -184,10 +206,13 @@ def lines(records: Sequence[VariableMismatch]) -> str:
 
 
 def mismatch_message(report: SyncReport, resynced: bool = False) -> str:
+    if any(m.shard for m in report.mismatches):  # a shard's first copy may be on another device
+        reference, which = "their first copy", "(for a shard: the first worker, then device, holding it)"
+    else:
+        reference, which = "the chief's first replica", "(worker 0, replica 0)"
     message = (f"Weights out of sync at {report.where}: {len(report.mismatches)} variable(s) "
-               f"differ from the chief's first replica (worker 0, replica 0):\n  "
-               + lines(report.mismatches))
-    return message + ("\nResynchronised every copy from the chief's first replica." if resynced else "")
+               f"differ from {reference} {which}:\n  " + lines(report.mismatches))
+    return message + (f"\nResynchronised every copy from {reference}." if resynced else "")
 
 
 def unsynced_message(report: SyncReport, first: bool, sync_stats: bool) -> str:
@@ -213,18 +238,23 @@ def saved_before_message(epoch: int) -> str:
             "WeightSyncVerifier before it.")
 
 
-def means_of_sums(gathered: np.ndarray, replicas: int,
+def means_of_sums(gathered: np.ndarray, replicas: int | Sequence[int],
                   shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-    """Each variable's mean over every replica of every worker.
+    """Each variable's mean over every copy on every worker.
 
     Args:
         gathered: Shape `(workers, total size)`: each worker's sums over its
-            `replicas` local copies, the variables flattened one after another.
-        replicas: Local replicas per worker.
+            local copies, the variables flattened one after another.
+        replicas: Local replicas per worker (every device holds a copy of each
+            variable), or per variable its number of copies over all workers.
         shapes: Each variable's shape, in order.
     """
-    total = gathered.sum(axis=0) / (gathered.shape[0] * replicas)
     sizes = [int(np.prod(shape)) for shape in shapes]
+    if isinstance(replicas, (int, np.integer)):
+        counts = np.full(len(shapes), gathered.shape[0] * int(replicas))
+    else:
+        counts = np.asarray(replicas)
+    total = gathered.sum(axis=0) / np.repeat(counts, sizes)
     parts = np.split(total, np.cumsum(sizes)[:-1])
     return [part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)]
 

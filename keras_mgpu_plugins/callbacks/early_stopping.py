@@ -1,8 +1,11 @@
 """`EarlyStopping`: Keras's callback, with one stop decision for every worker.
 
-Keras's own decision runs (`on_epoch_end` is not overridden); only the value it
-reads is made the same on every worker: `get_monitor_value` returns the
-chief's, so every worker decides alike, at the same epoch.
+Keras's own decision runs; only the value it reads is made the same on every
+worker: `get_monitor_value` returns the chief's, so every worker decides alike,
+at the same epoch. The best weights are read through the backend
+(`backends.current().host_value`, the arrays `get_weights()` gives), so a
+variable sharded over several JAX processes, which `get_weights()` cannot read,
+is kept and restored too.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     the value differs between workers (a metric that is not reduced), and none
     is left waiting in a collective. With `restore_best_weights`, every worker
     keeps the weights of the same epoch; synchronous training keeps them
-    identical to the bit, on every replica. Messages print on the chief only.
+    identical to the bit, on every replica. Sharded variables (JAX's
+    `strategy="model_parallel"` / `"hybrid"`) are kept whole on the host, as
+    `get_weights()` gives them (a variable sharded over several processes is
+    gathered: every process keeps it), and restored into their own layout,
+    each device getting back its shard. Messages print on the chief only.
     Arguments that differ between workers raise `SettingsDifferError` on every
     worker in `on_train_begin`.
 
@@ -68,6 +75,12 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             type(self).__name__,
         )
 
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        keeping = _whole_weights(self.model) if self.restore_best_weights else (
+            contextlib.nullcontext())
+        with keeping:
+            super().on_epoch_end(epoch, logs)  # Keras's decision, and its get_weights()
+
     def on_train_end(self, logs: dict | None = None) -> None:
         with _quiet_unless(runtime.of(self.model).is_chief, self):
             super().on_train_end(logs)  # messages, then restores best_weights
@@ -98,6 +111,30 @@ def _chief_value(value: Any, here: runtime.Runtime) -> float | None:
         mine = np.array([0.0, 0.0])
     present, chief = here.broadcast(mine)
     return float(chief) if present else None
+
+
+@contextlib.contextmanager
+def _whole_weights(model: Any) -> Iterator[None]:
+    """During Keras's hook, `model.get_weights()` reads each weight through the backend.
+
+    The same NumPy arrays as Keras's `get_weights()` (`host_value`), and also a
+    variable sharded over several processes, which Keras's cannot read (JAX:
+    "spans non-addressable devices"): it is gathered, on every process (the
+    stop decision is the same everywhere, so every process reads at the same
+    epochs). A model class with its own `get_weights` keeps it.
+    """
+    if type(model).get_weights is not keras.layers.Layer.get_weights or (
+            "get_weights" in vars(model)):
+        yield
+        return
+    from keras_mgpu_plugins import backends
+
+    read = backends.current().host_value
+    vars(model)["get_weights"] = lambda: [read(v) for v in model.weights]  # no Keras tracking
+    try:
+        yield
+    finally:
+        del vars(model)["get_weights"]
 
 
 @contextlib.contextmanager

@@ -50,6 +50,13 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     collective. Only on a mismatch are values exchanged to measure the
     difference. Every worker reaches the same verdict at the same step.
 
+    Sharded variables (JAX's `strategy="model_parallel"` / `"hybrid"`) are
+    checked shard by shard: the copies of each shard (the devices that hold
+    the same slice: every device for a replicated variable, one device per
+    process for a shard under `"hybrid"`) must be identical; different shards
+    are not compared. A mismatch names the shard, e.g.
+    `hidden/kernel[:, 16:32] [model]: worker 1 device 1`.
+
     Skipped: per-replica state such as on-read metric accumulators and
     random-generator states. BatchNormalization's moving statistics are
     per replica by Keras's design (each replica updates its own copy from its
@@ -177,10 +184,11 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         if not found:
             self._record(SyncReport(where, (), ()))
             return
-        references = {v: here.broadcast(tracked.host_value(tracked.copies[v][0])) for v, _ in found}
+        references = {v: _reference(tracked, v, gathered[:, :, v], here) for v, _ in found}
         diffs = self._differences(tracked, found, references, here)
+        shards = getattr(tracked, "shards", None) or [""] * len(tracked.paths)
         records = [VariableMismatch(tracked.paths[v], tracked.roles[v], copies,
-                                    tuple(float(diffs[w, i, r]) for w, r in copies))
+                                    tuple(float(diffs[w, i, r]) for w, r in copies), shards[v])
                    for i, (v, copies) in enumerate(found)]
         report = SyncReport(where, tuple(m for m in records if m.role != "statistic"),
                             tuple(m for m in records if m.role == "statistic"))
@@ -191,11 +199,12 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             self._act(report, tracked, found, references)
         if self.sync_stats and report.unsynced:
             self._average_statistics(tracked, [v for v, _ in found if tracked.roles[v] == "statistic"],
-                                     here)
+                                     here, gathered)
 
     def _differences(self, tracked: Any, found: list, references: dict, here: Any) -> np.ndarray:
         """(workers, found variables, replicas) max |copy - reference|, the same on every worker."""
-        local = np.array([[_ws.max_abs_diff(tracked.host_value(copy), references[v]) for copy in tracked.copies[v]]
+        local = np.array([[_ws.max_abs_diff(tracked.host_value(copy), references[v])
+                           if copy is not None else 0.0 for copy in tracked.copies[v]]
                           for v, _ in found], dtype=np.float64)
         return here.all_gather(local)
 
@@ -205,7 +214,7 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         if self.on_mismatch == "resync":
             for v, _ in found:
                 if tracked.roles[v] != "statistic":
-                    for copy in tracked.copies[v]:
+                    for copy in _present(tracked.copies[v]):
                         tracked.assign(copy, references[v])
         if self._runtime().is_chief:
             logger.warning(_ws.mismatch_message(report, resynced=self.on_mismatch == "resync"))
@@ -217,14 +226,16 @@ class WeightSyncVerifier(keras.callbacks.Callback):
             logger.log(logging.WARNING if first else logging.INFO,
                        _ws.unsynced_message(report, first, self.sync_stats))
 
-    def _average_statistics(self, tracked: Any, indices: list[int], here: Any) -> None:
-        """Every copy of each statistic := its mean over all replicas of all workers (one collective)."""
-        sums = [np.sum([tracked.host_value(c).astype(np.float64) for c in tracked.copies[v]], axis=0)
-                for v in indices]
+    def _average_statistics(self, tracked: Any, indices: list[int], here: Any,
+                            fingerprints: np.ndarray) -> None:
+        """Every copy of each statistic := its mean over all its copies on all workers (one collective)."""
+        sums = [np.sum([tracked.host_value(c).astype(np.float64) for c in _present(tracked.copies[v])]
+                       or [_blank(tracked, v).astype(np.float64)], axis=0) for v in indices]
         gathered = here.all_gather(np.concatenate([s.reshape(-1) for s in sums]))
-        means = _ws.means_of_sums(gathered, len(tracked.copies[indices[0]]), [s.shape for s in sums])
+        counts = [int((fingerprints[:, :, v] != _ws.ABSENT).sum()) for v in indices]
+        means = _ws.means_of_sums(gathered, counts, [s.shape for s in sums])
         for v, mean in zip(indices, means, strict=True):
-            for copy in tracked.copies[v]:
+            for copy in _present(tracked.copies[v]):
                 tracked.assign(copy, mean)
 
     def _record(self, report: SyncReport) -> None:
@@ -244,7 +255,8 @@ class WeightSyncVerifier(keras.callbacks.Callback):
                 self._tracked = runtime.of(model).track(variables, optimizer_vars,
                                                         self.statistics, key)
                 _tracked_by_model[model] = self._tracked
-            self._say_replicas(runtime.of(model).replicas_in_sync)
+            # model parallel: one replica of the model, yet small variables copied on each device
+            self._say_replicas(max(runtime.of(model).replicas_in_sync, self._tracked.replicas))
         return self._tracked
 
     def _say_replicas(self, replicas: int) -> None:
@@ -255,3 +267,29 @@ class WeightSyncVerifier(keras.callbacks.Callback):
     def _runtime(self) -> runtime.Runtime:
         # The model's runtime, or the process's multi-worker one (never created here).
         return runtime.of(self.model).across_workers()
+
+
+def _present(copies: Sequence[Any]) -> list[Any]:
+    """A variable's copies on this worker's devices (`None`: a device holding another shard)."""
+    return [copy for copy in copies if copy is not None]
+
+
+def _blank(tracked: Any, v: int) -> np.ndarray:
+    """Zeros shaped and typed as variable `v`'s copies (for a worker that holds none)."""
+    shapes, dtypes = getattr(tracked, "shapes", None), getattr(tracked, "dtypes", None)
+    if shapes is not None and dtypes is not None:
+        return np.zeros(shapes[v], dtypes[v])
+    return np.zeros_like(tracked.host_value(tracked.copies[v][0]))
+
+
+def _reference(tracked: Any, v: int, fingerprints: np.ndarray, here: Any) -> np.ndarray:
+    """The value of variable `v`'s first copy (`_weight_sync.first_copy`), on every worker.
+
+    Every worker sends its first local copy (zeros where it holds none, a shard held
+    elsewhere); the first holder's is kept (worker 0's replica 0 when every device
+    holds a copy). One collective.
+    """
+    holder, _ = _ws.first_copy(fingerprints)
+    mine = _present(tracked.copies[v])
+    return here.broadcast(tracked.host_value(mine[0]) if mine else _blank(tracked, v),
+                          root=holder)

@@ -13,12 +13,44 @@ import pytest
 from keras_mgpu_plugins.callbacks.early_stopping import EarlyStopping
 
 
-def test_the_decision_is_kerass_own():
-    """Only the monitored value is ours (the chief's); the rule that reads it is Keras's."""
+def test_the_decision_is_kerass_own(monkeypatch):
+    """Only the monitored value is ours (the chief's); the rule that reads it is Keras's:
+    `on_epoch_end` only hands Keras's the epoch (its `get_weights` reading through the
+    backend, see `test_best_weights_are_read_through_the_backend`)."""
     import keras
 
-    assert EarlyStopping.on_epoch_end is keras.callbacks.EarlyStopping.on_epoch_end
     assert EarlyStopping._is_improvement is keras.callbacks.EarlyStopping._is_improvement
+    calls = []
+    monkeypatch.setattr(keras.callbacks.EarlyStopping, "on_epoch_end",
+                        lambda self, epoch, logs=None: calls.append((self, epoch, logs)))
+    stopper, logs = EarlyStopping(restore_best_weights=True), {"val_loss": 1.0}
+    stopper.set_model(StandInModel())
+    stopper.on_epoch_end(3, logs)
+    assert calls == [(stopper, 3, logs)]
+
+
+def test_best_weights_are_read_through_the_backend(monkeypatch):
+    """During Keras's hook (only), `model.get_weights()` is the backend's `host_value` of each
+    weight: on JAX it also reads a variable sharded over several processes."""
+    import keras
+
+    from keras_mgpu_plugins import backends
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    read = []
+    monkeypatch.setattr(backends.current(), "host_value",
+                        lambda v: read.append(v.path) or np.full(v.shape, 7.0, "float32"))
+    stopper = EarlyStopping(monitor="loss", restore_best_weights=True)
+    stopper.set_model(model)
+    stopper.on_train_begin()
+    stopper.on_epoch_end(0, {"loss": 1.0})
+    paths = [v.path for v in model.weights]
+    assert read[: len(paths)] == paths and len(read) % len(paths) == 0  # Keras reads at most twice
+    assert all((w == 7.0).all() for w in stopper.best_weights)
+    assert "get_weights" not in vars(model)  # Keras's own again after the hook
+    stopper.restore_best_weights, count = False, len(read)
+    stopper.on_epoch_end(1, {"loss": 0.5})
+    assert len(read) == count  # not read when not restoring
 
 
 # --- the callback's hooks against Keras's, on many sequences ----------------------

@@ -34,6 +34,24 @@ def test_differing_copies_names_workers_and_replicas():
     assert differing_copies(reference) == [(0, ((0, 1),))]
 
 
+def test_shards_are_compared_with_their_first_holder_only():
+    absent = _weight_sync.ABSENT
+    fps = np.full((2, 2, 3), absent, dtype=np.int64)  # workers, devices, pieces
+    fps[:, 1, 0] = 4  # a shard on device 1 of each worker
+    fps[1, 1, 0] = 5  # worker 1's copy nudged
+    fps[1, :, 1] = 6  # a piece worker 0 does not hold: worker 1's device 0 is the reference
+    fps[1, 1, 1] = 8
+    fps[:, :, 2] = 3  # replicated: every copy equal
+    assert _weight_sync.first_copy(fps[:, :, 1]) == (1, 0)
+    assert differing_copies(fps) == [(0, ((1, 1),)), (1, ((1, 1),))]
+    nudged = VariableMismatch("h/kernel", "model", ((1, 1),), (0.001,), shard="[:, 16:32]")
+    message = _weight_sync.mismatch_message(_weight_sync.SyncReport("end of epoch 1", (nudged,), ()))
+    assert message == (
+        "Weights out of sync at end of epoch 1: 1 variable(s) differ from their first copy (for "
+        "a shard: the first worker, then device, holding it):\n  h/kernel[:, 16:32] [model]: "
+        "worker 1 device 1 (max |diff| 0.001)")
+
+
 def test_classify_skips_per_replica_state_and_separates_statistics():
     stats = ("moving_mean", "moving_variance")
     assert classify("kernel", True, "auto", True, stats) == "synced"
@@ -188,6 +206,10 @@ def test_means_of_sums_over_workers_and_replicas():
     assert scalar.shape == () and float(scalar) == 25.0
     (one,) = means_of_sums(np.array([[0.5, 1.5]]), replicas=1, shapes=[(1, 2)])
     np.testing.assert_array_equal(one, [[0.5, 1.5]])
+    # per variable, its copies over every worker: a shard held on 1 device of each of 2 workers
+    shard, whole = means_of_sums(np.array([[2.0, 6.0], [4.0, 10.0]]), replicas=[2, 4],
+                                 shapes=[(), ()])
+    assert (float(shard), float(whole)) == (3.0, 4.0)
 
 
 def test_statistics_are_averaged_once_per_save_point():

@@ -114,3 +114,15 @@ def read_variable(variable: Any) -> Any:
     from keras_mgpu_plugins.backends.jax.values import snapshot_read as read
 
     return read(variable)
+
+
+def host_value(variable: Any) -> Any:
+    """`variable`'s whole value as a NumPy array, as `get_weights()` gives it.
+
+    A value sharded over other processes' devices, replicated on none (a
+    `layout_map` that shards over the `"batch"` axis), which `get_weights()`
+    cannot read, is gathered: a collective then, which every process runs.
+    """
+    from keras_mgpu_plugins.backends.jax.values import host_value as read
+
+    return read(variable)

@@ -1,15 +1,21 @@
 """The variables `WeightSyncVerifier` checks, as JAX holds them in this process.
 
-Reached through `JaxRuntime.track` (the callback imports no backend). Under
-`keras.distribution.DataParallel` each variable is one `jax.Array` replicated
-on every device of every process: this process's copies are its
-`addressable_shards`, one per local device, in `jax.local_devices()` order
-(replica `r` of worker `w` is device `r` of process `w`). A variable sharded
-rather than replicated (model parallel layouts) holds different pieces on
-different devices, not copies: it is not checked here.
+Reached through `JaxRuntime.track` (the callback imports no backend). A variable is
+one `jax.Array` laid over devices of one or several processes: each device holds one
+piece of it (`sharding.devices_indices_map`), the whole under `DataParallel`, a slice
+under `strategy="model_parallel"` / `"hybrid"`. The devices that hold the same piece
+hold copies, which must be identical; different pieces are not compared.
 
-`Tracked` lists the variables to check (by `_weight_sync.classify`), their
-copies (`Copy`: a variable and one of its devices) and their fingerprinter;
+So each variable is checked piece by piece: one entry per distinct piece (`shards`:
+`""` for the whole, `"[:, 0:16]"` for a slice), with its copies on this process's
+devices (`copies[e][r]`: this process's `r`-th device, `None` where that device holds
+another piece). Every process lists the same entries in the same order (the layout is
+known everywhere), so the fingerprints (`ABSENT` where a device holds no copy) line up
+across processes. Under `DataParallel` there is one entry per variable, with a copy on
+every device: the data-parallel check. Under `"model_parallel"`, a sharded variable's
+pieces have one copy each in the process (nothing to compare), its replicated ones one
+per device; under `"hybrid"`, each piece has a copy on every process (the "batch" axis).
+
 `host_value` reads one copy, `assign` writes one (`"resync"`, `sync_stats`).
 """
 
@@ -21,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins.callbacks._weight_sync import classify
+from keras_mgpu_plugins.callbacks._weight_sync import ABSENT, classify
+
+Piece = tuple[tuple[int, int], ...]
 
 
 class Copy:
-    """One device's copy of a Keras variable's (replicated) `jax.Array`."""
+    """One device's copy of one piece of a Keras variable's `jax.Array`."""
 
     def __init__(self, variable: Any, device: Any) -> None:
         self.variable, self.device = variable, device
@@ -39,39 +47,81 @@ class Copy:
         raise RuntimeError(f"{self.variable.path} has no copy on {self.device} any more")
 
 
-def replicated(value: Any) -> bool:
-    """Whether every device holds the whole of `value` (its copies must be identical)."""
-    sharding = getattr(value, "sharding", None)
-    return sharding is not None and bool(sharding.is_fully_replicated)
+def piece_of(index: tuple, shape: tuple) -> Piece:
+    """A device's piece of an array of `shape`, as `(start, stop)` per dimension."""
+    return tuple((s.start or 0, size if s.stop is None else s.stop)
+                 for s, size in zip(index, shape, strict=True))
+
+
+def label(piece: Piece, shape: tuple) -> str:
+    """`""` for the whole array, else its slice, e.g. `"[:, 0:16]"` (as `placement_report`)."""
+    whole = [(0, n) for n in shape]
+    if list(piece) == whole:
+        return ""
+    return "[" + ", ".join(":" if p == w else f"{p[0]}:{p[1]}"
+                           for p, w in zip(piece, whole, strict=True)) + "]"
+
+
+def holders(value: Any) -> dict[Any, Piece]:
+    """Every device (of every process) that holds part of `value`, and its piece."""
+    shape = tuple(value.shape)
+    return {d: piece_of(i, shape) for d, i in value.sharding.devices_indices_map(shape).items()}
 
 
 class Tracked:
-    """The variables to check, their per-device copies in this process, their fingerprinter."""
+    """The pieces to check, their per-device copies in this process, their fingerprinter."""
 
     def __init__(self, variables: list, optimizer_vars: list, statistics: Sequence[str],
                  key: tuple) -> None:
+        import jax
+
         self.key, self.paths, self.roles, self.copies = key, [], [], []
-        seen: set[int] = set()
+        self.shards: list[str] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.dtypes: list[np.dtype] = []
+        chosen, seen = [], set()
         for role, group in (("model", variables), ("optimizer", optimizer_vars)):
             for var in group:
                 name = var.path.rsplit("/", 1)[-1]
-                supported = np.dtype(var.value.dtype).kind in "fiub" and replicated(var.value)
+                supported = np.dtype(var.value.dtype).kind in "fiub"
                 kind = classify(name, var.trainable, getattr(var, "synchronization", "auto"),
                                 supported, statistics)
                 if kind is None or id(var) in seen:
                     continue
                 seen.add(id(var))
+                chosen.append((var, "statistic" if kind == "statistic" else role,
+                               holders(var.value)))
+        mine = jax.process_index()
+        order = {d: i for i, d in enumerate(jax.local_devices())}
+        used = {d for _, _, held in chosen for d in held}
+        self.devices = sorted((d for d in used if d.process_index == mine),
+                              key=lambda d: order.get(d, len(order) + d.id))
+        per_process: dict[int, int] = {}
+        for device in used:
+            per_process[device.process_index] = per_process.get(device.process_index, 0) + 1
+        # The same on every process (the fingerprints are gathered): the most devices any
+        # process holds variables on; a process with fewer has ABSENT copies there.
+        self.replicas = max(per_process.values(), default=1)
+        padding = (None,) * (self.replicas - len(self.devices))
+        for var, role, held in chosen:
+            shape = tuple(int(n) for n in var.value.shape)
+            for piece in sorted(set(held.values())):
                 self.paths.append(var.path)
-                self.roles.append("statistic" if kind == "statistic" else role)
-                self.copies.append(local_copies(var))
-        self.replicas = len(self.copies[0]) if self.copies else 1
+                self.roles.append(role)
+                self.shards.append(label(piece, shape))
+                self.shapes.append(tuple(b - a for a, b in piece))
+                self.dtypes.append(np.dtype(var.value.dtype))
+                self.copies.append(tuple(Copy(var, d) if held.get(d) == piece else None
+                                         for d in self.devices) + padding)
 
     def fingerprints(self) -> np.ndarray:
-        """`(replicas, variables)` int64: a CRC-32 of each copy's bytes, read on the host."""
-        out = np.zeros((self.replicas, len(self.copies)), np.int64)
+        """`(replicas, entries)` int64: a CRC-32 of each copy's bytes read on the host,
+        `ABSENT` where this process's device holds no copy of that piece."""
+        out = np.full((self.replicas, len(self.copies)), ABSENT, np.int64)
         for v, copies in enumerate(self.copies):
             for r, copy in enumerate(copies):
-                out[r, v] = zlib.crc32(np.ascontiguousarray(host_value(copy)).tobytes())
+                if copy is not None:
+                    out[r, v] = zlib.crc32(np.ascontiguousarray(host_value(copy)).tobytes())
         return out
 
     @staticmethod
@@ -86,7 +136,8 @@ class Tracked:
 
 
 def local_copies(variable: Any) -> tuple[Copy, ...]:
-    """This process's copies of a replicated Keras variable, one per local device, in order."""
+    """This process's per-device buffers of a Keras variable, one per local device holding
+    part of it, in `jax.local_devices()` order (copies of one piece, or different pieces)."""
     import jax
 
     order = {device: i for i, device in enumerate(jax.local_devices())}
@@ -101,8 +152,9 @@ def host_value(copy: Copy) -> np.ndarray:
 
 
 def assign(copy: Copy, value: np.ndarray) -> None:
-    """Replaces the variable's buffer on `copy.device` by `value`, keeping its other copies
-    and its sharding (no collective: each process rebuilds its own part of the array)."""
+    """Replaces the variable's buffer on `copy.device` by `value` (that device's piece),
+    keeping its other buffers and its sharding (no collective: each process rebuilds its
+    own part of the array)."""
     import jax
 
     current = copy.variable.value

@@ -61,6 +61,11 @@ def read_variable(variable: Any) -> Any:
     return np.array(keras.ops.convert_to_numpy(variable.value), copy=True)
 
 
+def host_value(variable: Any) -> Any:
+    """`variable`'s whole value as a NumPy array, as `get_weights()` gives it."""
+    return variable.numpy()
+
+
 def remote_files() -> Any:
     """Remote paths need TensorFlow's file systems."""
     raise NotImplementedError(

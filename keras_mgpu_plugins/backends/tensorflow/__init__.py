@@ -46,6 +46,11 @@ def read_variable(variable: Any) -> Any:
     return tf.identity(variable.value)  # (keras.ops.convert_to_tensor does not read)
 
 
+def host_value(variable: Any) -> Any:
+    """`variable`'s whole value as a NumPy array, as `get_weights()` gives it."""
+    return variable.numpy()
+
+
 def remote_files() -> Any:
     """`tf.io.gfile`: the file functions that serve `gs://`, `s3://`, `hdfs://` paths."""
     import tensorflow as tf
