@@ -148,7 +148,8 @@ FEATURES: tuple[Patch, ...] = (
         "JAX, several processes: fit/evaluate/predict refuse numpy inputs (auto_shard_dataset), "
         "or with auto_shard_dataset=False each process's whole batch is a shard (P times the "
         "batch); predict raises 'Fetching value for jax.Array that spans non-addressable "
-        "devices'; a model used outside the factory trains without its distribution",
+        "devices'; a model used outside the factory trains without its distribution; "
+        "jit_compile=False on processes of several CPU devices each hangs (gloo)",
         ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict",
          "keras.Model.predict_step"), "kmp.parallelize on the JAX backend (the factory's model)",
         lambda: _fit_takes("batch_size", "shuffle", "validation_batch_size"),

@@ -47,18 +47,22 @@ def wrap_model(model: Any, distribution: Any) -> None:
     """Sets `fit`, `evaluate`, `predict` (and, with several processes, `predict_step`) on `model`."""
     import jax
 
+    cpus = _cpu_devices_of_this_process(distribution)
     for name, arrays in (("fit", _fit_arguments), ("evaluate", _evaluate_arguments),
                          ("predict", _predict_arguments)):
-        setattr(model, name, _wrapped(getattr(model, name), name, arrays, distribution))
+        setattr(model, name, _wrapped(model, name, arrays, distribution, cpus))
     if jax.process_count() > 1:
         model.predict_step = _replicated_outputs(model.predict_step, distribution)
         model.predict_function = None
 
 
-def _wrapped(method: Any, name: str, arrange: Any, distribution: Any) -> Any:
+def _wrapped(model: Any, name: str, arrange: Any, distribution: Any, cpus: int) -> Any:
+    method = getattr(model, name)
     signature = inspect.signature(method)
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        if cpus > 1:
+            _refuse_eager(model, name, cpus)
         if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: already this process's
             with distribution.scope():
                 return method(*args, **kwargs)
@@ -72,6 +76,33 @@ def _wrapped(method: Any, name: str, arrange: Any, distribution: Any) -> Any:
     call.__name__ = call.__qualname__ = name
     call.__doc__ = method.__doc__
     return call
+
+
+def _cpu_devices_of_this_process(distribution: Any) -> int:
+    """With several processes, how many CPU devices of the mesh this process holds (else 0)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return 0
+    mine = [d for d in distribution.device_mesh.backend_mesh.devices.flat
+            if d.process_index == jax.process_index()]
+    return len(mine) if mine and mine[0].platform == "cpu" else 0
+
+
+def _refuse_eager(model: Any, method: str, cpus: int) -> None:
+    """Eager steps (one op at a time) on several processes of several CPU devices each never
+    finish: JAX's CPU collectives (gloo) hang (measured, JAX 0.10.2: 2 processes of 2 CPU
+    devices, `DataParallel` and `"hybrid"`, in fit or evaluate; plain JAX too)."""
+    import jax
+
+    if model.run_eagerly or not model.jit_compile:
+        raise ValueError(
+            f"{method}: jit_compile={model.jit_compile!r}, run_eagerly={model.run_eagerly!r} "
+            f"cannot run on {jax.process_count()} JAX processes of {cpus} CPU devices each: "
+            "each op then runs on its own, and JAX's CPU collectives (gloo) hang between "
+            "such ops when a process has several devices (the step never finishes). Compile "
+            "with jit_compile=True (JAX's default) and run_eagerly=False, or give each process "
+            "one CPU device.")
 
 
 def _devices(distribution: Any) -> int:

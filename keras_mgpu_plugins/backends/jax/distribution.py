@@ -136,7 +136,10 @@ def _check_strategy(strategy: Any, devices: Any, micro_batches: Any, layout_map:
             "micro_batches is not available on the JAX backend: strategy='model_parallel' and "
             "'hybrid' shard each large variable over the devices (every device works on every "
             "layer at once), so there are no pipeline stages to overlap. Received: "
-            f"micro_batches={micro_batches!r}, strategy={strategy!r}. Leave micro_batches=None.")
+            f"micro_batches={micro_batches!r}, strategy={strategy!r}. Leave micro_batches=None. "
+            "To hold the activations of a smaller batch per step, pass fit(batch_size=B // k) "
+            "and the optimizer's gradient_accumulation_steps=k: it trains as batch_size=B on "
+            "one device (docs/model_parallelism.md, 'Limits on JAX').")
     if layout_map is not None and strategy not in _SHARDED:
         raise ValueError(f"layout_map only applies to strategy='model_parallel' or 'hybrid'. "
                          f"Received: strategy={strategy!r}, layout_map={layout_map!r}")
