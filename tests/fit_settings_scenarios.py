@@ -501,8 +501,8 @@ def iterator_release(strategy):
     """The threads that destroy the distributed iterators of a first `fit`, once a second ran.
 
     Returns `(thread names, iterators the first fit made, the release thread's state)`; waits
-    first for the iterators of earlier scenarios to be destroyed (under load each can take
-    seconds), then for every one of this fit's (at most 120 s each).
+    first for iterators made before to be destroyed (under load each can take seconds), then
+    for every one of this fit's (at most 120 s each).
     """
     import gc
     import threading
@@ -543,6 +543,15 @@ def iterator_release(strategy):
     model.evaluate(x, y, batch_size=BATCH, verbose=0)  # its iterator releases the rest
     all_destroyed.wait(120)
     return threads, len(made), iterators.release_state()
+
+
+def release_state():
+    """What kmp's iterator release thread is doing now (`release_state()`)."""
+    from keras_mgpu_plugins.backends.tensorflow.patches import iterators
+
+    state = iterators.release_state()
+    state.pop("stack")  # long; the rest says enough
+    return state
 
 
 MAXLEN, VOCAB = 6, 10

@@ -17,6 +17,8 @@ pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(50
 
 def on_each_worker():
     return {
+        # First: behind the others' iterators, its own waited minutes for their destruction.
+        "iterator_release": s.iterator_release("auto"),
         "steps_per_execution": s.steps_per_execution_run("auto"),
         "sync_batchnorm": s.sync_batchnorm_run("auto", sync=True),
         "mixed_spe": s.mixed_precision_run("auto", steps_per_execution=4, batch_hooks=True, **LOUD),
@@ -35,7 +37,7 @@ def on_each_worker():
         "recompiled": s.recompile_outside_scope_run("auto"),
         "distiller": s.distiller_run("auto"),  # no call(): keras#21800; its losses logged
         "distiller_adam": s.distiller_run("auto", "adam", False, 2),
-        "iterator_release": s.iterator_release("auto"),  # after the others: none blocked it
+        "release_thread": s.release_state(),  # after the others: none blocked it
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
     }
@@ -125,6 +127,14 @@ def test_used_iterators_are_destroyed_off_the_training_thread(workers):
         threads, made, state = worker["iterator_release"]
         assert made >= 2  # the epoch's iterator and the one Keras makes at the epoch's end
         assert threads == [REAPER_NAME] * made, state
+
+
+def test_no_iterator_destruction_is_stuck_after_every_scenario(workers):
+    """Under load destructions fall behind (seconds each), but none may block the thread."""
+    for worker in workers:
+        state = worker["release_thread"]
+        assert state["alive"] and not state["stalled"], state
+        assert state["busy_for_s"] is None or state["busy_for_s"] < 60, state
 
 
 def test_sync_batchnorm_matches_one_device_on_the_global_batch(workers):

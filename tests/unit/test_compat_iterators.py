@@ -48,3 +48,36 @@ def test_a_stalled_release_thread_stops_the_keeping_with_a_warning(own_state):
     with pytest.warns(RuntimeWarning, match="release_iterators_off_thread"):
         ci.release_unused()
     assert ci._stalled
+
+
+class Blocking:
+    """Stands for an iterator whose destruction waits for `gate`."""
+
+    def __init__(self, gate):
+        self.gate = gate
+
+    def __del__(self):
+        self.gate.wait(30)
+
+
+def test_past_max_waiting_iterators_are_destroyed_on_the_calling_thread(own_state, monkeypatch):
+    """Destructions that fall behind do not pile up without bound (memory)."""
+    monkeypatch.setattr(ci, "MAX_WAITING", 3)
+    gate = threading.Event()
+    try:
+        ci._kept.append(Blocking(gate))  # the release thread blocks on it
+        assert ci.release_unused() == 1
+        ci._kept.extend([Resource(), Resource()])
+        assert ci.release_unused() == 2  # 3 waiting: the limit
+        threads: list[str] = []
+        done = threading.Event()
+        extra = Resource()
+        watch(extra, threads, done)
+        ci._kept.append(extra)
+        del extra
+        assert ci.release_unused() == 0
+        assert threads == [threading.current_thread().name]  # destroyed here, at once
+    finally:
+        gate.set()
+    assert ci.wait_released(30)
+    assert ci.release_state()["waiting"] == 0

@@ -24,6 +24,9 @@ from keras_mgpu_plugins.compat._private_uses import require
 REAPER_NAME = "kmp-iterator-release"
 _EXIT_DEADLINE_S = 60.0  # at exit, how long the last releases may take
 _STALL_S = 60.0  # one destruction taking longer: stop keeping iterators (Keras's behaviour)
+#: Iterators waiting for the release thread at most; more are destroyed where Keras would
+#: (the training thread), so memory stays bounded when destructions fall behind.
+MAX_WAITING = 64
 
 _lock = threading.Lock()
 _kept: list[Any] = []  # iterators handed to Keras, not yet released
@@ -51,7 +54,10 @@ def patch_release_iterators_off_thread() -> Any:
     else references any more (its call has returned) is handed to one
     background thread, `REAPER_NAME`, which drops it: nothing is leaked beyond
     the last call's iterators, released at exit (waited for at most 60 s). The
-    data, and the order it is read in, do not change.
+    data, and the order it is read in, do not change. Destructions fall behind
+    under load (57 waiting, seconds each, seen on 2 workers sharing 2 busy cores
+    with many 2-step fits): past `MAX_WAITING` waiting, further ones are
+    destroyed on the training thread, as without the patch.
 
     Other inputs, and other strategies, are left to Keras: under
     MirroredStrategy a destruction on another thread was seen to block forever
@@ -107,6 +113,7 @@ def release_unused() -> int:
             f"iterator on thread {REAPER_NAME!r} has taken over {_STALL_S:.0f} s; from now on "
             "Keras destroys them on the training thread, as without the patch. Please report it.",
             RuntimeWarning, stacklevel=2)
+    here = []  # destroyed on this thread, after the lock: the release thread is behind
     with _lock:
         still_used = []
         while _kept:
@@ -114,11 +121,14 @@ def release_unused() -> int:
             # References: `iterator` and getrefcount's argument; any more is a user of it.
             if sys.getrefcount(iterator) > 2:
                 still_used.append(iterator)
+            elif _release_thread().unfinished_tasks >= MAX_WAITING:
+                here.append(iterator)
             else:
                 _release_thread().put(iterator)
                 handed += 1
             del iterator
         _kept.extend(reversed(still_used))
+    del here
     return handed
 
 
