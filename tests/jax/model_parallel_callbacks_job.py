@@ -1,10 +1,13 @@
 """What each process of the JAX sharded-callback tests runs (`kmp.launch`), and the fits
-shared with the in-process tests: EarlyStopping, WeightSyncVerifier and BackupAndRestore
-on `strategy="model_parallel"` / `"hybrid"` (the model and data of `model_parallel_job`).
+shared with the in-process tests: EarlyStopping, WeightSyncVerifier, BackupAndRestore and
+DeviceMetricsLogger on `strategy="model_parallel"` / `"hybrid"` (the model and data of
+`model_parallel_job`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
@@ -98,15 +101,57 @@ def nudged_fit(strategy, variable, device):
         return str(err)
 
 
-def hybrid_job(entries=None) -> dict:
+class MetricsSeen:
+    """A `DeviceMetricsLogger` writing `metrics-<rank>.csv` in `folder` (one name per process:
+    process 0's file alone must appear), the logger's keys of each epoch's `logs` as a
+    callback listed after it sees them, and the summary the chief printed."""
+
+    def __init__(self, folder: str) -> None:
+        import keras
+
+        import keras_mgpu_plugins as kmp
+
+        seen = self.logs = []
+
+        class Logs(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                seen.append({k: float(v) for k, v in logs.items() if "/" in k})
+
+        rank = kmp.runtime.of().worker_index
+        self.callbacks = [kmp.callbacks.DeviceMetricsLogger(
+            batch_size=mp.BATCH, csv_path=os.path.join(folder, f"metrics-{rank}.csv"),
+            sample_interval=None), Logs()]
+        self.printed = io.StringIO()
+
+    def found(self) -> dict:
+        return {"logs": self.logs, "summary": [line for line in self.printed.getvalue().splitlines()
+                                               if line.startswith("Device metrics over")]}
+
+
+def metrics_fit(model, folder: str, epochs: int = 2) -> dict:
+    """`fit` with `MetricsSeen(folder)`: what the logger gave."""
+    seen = MetricsSeen(folder)
+    x, y = mp.data()
+    with contextlib.redirect_stdout(seen.printed):
+        model.fit(x, y, batch_size=mp.BATCH, epochs=epochs, shuffle=False, verbose=0,
+                  callbacks=seen.callbacks)
+    return seen.found()
+
+
+def hybrid_job(entries=None, metrics_folder=None) -> dict:
     """strategy="hybrid" (this process: one of 2, 2 devices each): EarlyStopping with a
     WeightSyncVerifier checking each epoch, with kmp's layouts or `entries` as a
-    layout_map; with kmp's layouts, a nudged copy of one shard too."""
+    layout_map; with kmp's layouts, a nudged copy of one shard too. With `metrics_folder`,
+    a DeviceMetricsLogger in the EarlyStopping fit too (`MetricsSeen`)."""
     import keras_mgpu_plugins as kmp
 
     verifier = kmp.callbacks.WeightSyncVerifier()
+    seen = MetricsSeen(metrics_folder) if metrics_folder else None
     model = kmp.parallelize(mp.build, strategy="hybrid", layout_map=layout(entries))(True)
-    found = early_stopping_fit(model, [verifier])
+    with contextlib.redirect_stdout(seen.printed) if seen else contextlib.nullcontext():
+        found = early_stopping_fit(model, [*(seen.callbacks if seen else ()), verifier])
+    if seen:
+        found["metrics"] = seen.found()
     found["checks"] = [(r.where, len(r.mismatches)) for r in verifier.reports]
     found["checked"] = checked(verifier)
     if entries is None:

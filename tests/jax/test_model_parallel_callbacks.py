@@ -8,13 +8,18 @@ BackupAndRestore in fresh processes (the device count is fixed when JAX starts).
 - WeightSyncVerifier compares every copy of every shard, raises on a nudged copy of one
   shard naming it, and raises nothing after normal training;
 - BackupAndRestore resumes a killed model-parallel run bit-exact, and a backup of 2
-  devices resumes on 1 (within 1e-6 of training on 1 device throughout).
+  devices resumes on 1 (within 1e-6 of training on 1 device throughout);
+- DeviceMetricsLogger logs the keys it logs under DataParallel, process 0 alone writes its
+  CSV with every process's host column, and its throughput counts each global sample once
+  and divides by the data replicas (the "batch" axis), not by the devices.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
+import re
 import shutil
 
 import keras
@@ -85,9 +90,14 @@ def test_model_parallel_early_stopping_restores_plain_keras_weights_in_their_sha
 
 
 @pytest.fixture(scope="module")
-def hybrid():
-    """kmp's layouts: each shard on one device of each process."""
-    return launch(job.hybrid_job, 2)
+def hybrid(tmp_path_factory):
+    """kmp's layouts: each shard on one device of each process; a DeviceMetricsLogger in the
+    EarlyStopping fit, its CSVs in `hybrid[0]["folder"]`."""
+    folder = tmp_path_factory.mktemp("hybrid_metrics")
+    results = launch(job.hybrid_job, 2, None, str(folder))
+    for found in results:
+        found["folder"] = folder
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +225,70 @@ def test_a_backup_of_two_devices_resumes_on_one(backups):
     for index, (got, want) in enumerate(zip(resumed["weights"], one["weights"], strict=True)):
         np.testing.assert_allclose(got, want, atol=RESHARDED_TOLERANCE, rtol=0,
                                    err_msg=f"variable {index}")
+
+
+# --- DeviceMetricsLogger -----------------------------------------------------------------
+
+RUN_KEYS = {"step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms",
+            "throughput/steps_per_sec", "throughput/samples_per_sec",
+            "throughput/samples_per_sec_per_replica"}
+
+
+def metric_keys(processes: int) -> set[str]:
+    """DeviceMetricsLogger's keys on CPU devices: the run's, each process's host memory and
+    CPU; no `device/` key (JAX's CPU devices report no memory: `memory_stats()` is None)."""
+    scopes = [f"worker{rank}/" for rank in range(processes)] if processes > 1 else [""]
+    return RUN_KEYS | {f"host/{scope}{field}" for scope in scopes for field in ("memory_mb", "cpu_pct")}
+
+
+def assert_throughput(logs: dict, replicas: int) -> None:
+    """Samples per second: the global batch (`mp.BATCH`) once per step; per replica: that
+    over the data replicas."""
+    samples = logs["throughput/samples_per_sec"]
+    assert samples == pytest.approx(mp.BATCH * logs["throughput/steps_per_sec"], rel=1e-12)
+    assert logs["throughput/samples_per_sec_per_replica"] == pytest.approx(samples / replicas,
+                                                                            rel=1e-12)
+
+
+def csv_rows(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_csv_holds_the_logs(folder, logs: list[dict]) -> None:
+    """`metrics-0.csv` alone, one epoch row per epoch, each the epoch's logs (repr'd floats)."""
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics-0.csv"]
+    rows = csv_rows(folder / "metrics-0.csv")
+    assert [row["kind"] for row in rows] == ["epoch"] * len(logs)
+    for row, epoch_logs in zip(rows, logs, strict=True):
+        assert {k: float(row[k]) for k in epoch_logs} == epoch_logs
+
+
+def test_model_parallel_device_metrics_count_the_global_batch_once_per_data_replica(tmp_path):
+    model = kmp.parallelize(mp.build, strategy="model_parallel")(True)
+    data_parallel = kmp.parallelize(mp.build)(True)  # now Keras's global distribution: 2 replicas
+    sharded = job.metrics_fit(model, tmp_path / "model_parallel")
+    replicated = job.metrics_fit(data_parallel, tmp_path / "data_parallel")
+    for found in (sharded, replicated):
+        assert [set(logs) for logs in found["logs"]] == [metric_keys(1)] * 2
+    assert_throughput(sharded["logs"][-1], replicas=1)  # 2 devices, 1 data replica
+    assert_throughput(replicated["logs"][-1], replicas=2)
+    assert_csv_holds_the_logs(tmp_path / "model_parallel", sharded["logs"])
+    (line,) = sharded["summary"]
+    rate = re.search(r"; ([\d.]+) samples/s \(([\d.]+) per replica\)", line)
+    assert rate and rate[1] == rate[2], line
+
+
+@pytest.mark.slow
+@pytest.mark.multi_worker
+def test_hybrid_device_metrics_hold_every_process_host_and_count_per_data_replica(hybrid):
+    chief, other = (results["metrics"] for results in hybrid)
+    epochs = hybrid[0]["stopped"] + 1
+    assert [set(logs) for logs in chief["logs"]] == [metric_keys(2)] * epochs
+    assert other["logs"] == chief["logs"]  # one record, gathered: the same on every process
+    assert_throughput(chief["logs"][-1], replicas=2)  # 4 devices, 2 data replicas
+    assert_csv_holds_the_logs(hybrid[0]["folder"], chief["logs"])
+    (line,) = chief["summary"]
+    rate = re.search(r"; ([\d.]+) samples/s \(([\d.]+) per replica\)", line)
+    assert rate and float(rate[2]) == pytest.approx(float(rate[1]) / 2, abs=0.1), line
+    assert other["summary"] == []  # process 0 alone prints
