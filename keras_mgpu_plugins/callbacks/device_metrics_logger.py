@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -164,6 +165,10 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     # --- Keras hooks --------------------------------------------------------------
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.batch_size is None and keras.backend.backend() == "jax":
+            warnings.warn("DeviceMetricsLogger does not count the rows trained on jax; pass "
+                          "batch_size= (the global batch size given to fit) for samples per "
+                          "second.", UserWarning, stacklevel=2)
         self._open_run()
         self._timer.start_run(skip_first=1)
         self._steps_before_epoch = 0

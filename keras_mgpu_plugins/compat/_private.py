@@ -174,13 +174,18 @@ def loss_tracker_rows(model: Any) -> list[float] | None:
     reset at each epoch's start.
 
     Returns:
-        The counts, or `None` when there is no loss tracker or this Keras
-        counts otherwise (before 3.2 it counts batches): then
+        The counts, or `None` when there is no loss tracker, this Keras
+        counts otherwise (before 3.2 it counts batches), or the backend is JAX
+        (its trainer updates the tracker outside `train_step`, and each process
+        counts the global batch): then
         `DeviceMetricsLogger` needs `batch_size=` for samples per second, and
         `WandbLogger` records no measured batch size.
     """
+    import keras
     import numpy as np
 
+    if keras.backend.backend() == "jax":  # its trainer counts outside train_step, per process
+        return None
     tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
     if tracker is None or not require("loss_tracker_rows"):
         return None
