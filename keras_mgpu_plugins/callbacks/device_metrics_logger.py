@@ -165,8 +165,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     # --- Keras hooks --------------------------------------------------------------
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self.batch_size is None and keras.backend.backend() == "jax":
-            warnings.warn("DeviceMetricsLogger does not count the rows trained on jax; pass "
+        if self.batch_size is None and not compat.rows_countable():
+            warnings.warn(f"DeviceMetricsLogger does not count the rows trained on "
+                          f"{keras.backend.backend()}; pass "
                           "batch_size= (the global batch size given to fit) for samples per "
                           "second.", UserWarning, stacklevel=2)
         self._open_run()

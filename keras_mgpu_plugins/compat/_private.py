@@ -166,6 +166,17 @@ def local_replica_values(strategy: Any, variable: Any) -> tuple:
     return tuple(strategy.experimental_local_results(getattr(variable, "value", variable)))
 
 
+def rows_countable() -> bool:
+    """Whether `loss_tracker_rows` can count rows on this Keras backend.
+
+    Not on JAX: its trainer updates the loss tracker outside `train_step` (where the
+    private use is checked), and each process counts the global batch.
+    """
+    import keras
+
+    return keras.backend.backend() != "jax"
+
+
 def loss_tracker_rows(model: Any) -> list[float] | None:
     """Rows Keras's loss tracker counted since its last reset, one value per local replica.
 
@@ -181,10 +192,9 @@ def loss_tracker_rows(model: Any) -> list[float] | None:
         `DeviceMetricsLogger` needs `batch_size=` for samples per second, and
         `WandbLogger` records no measured batch size.
     """
-    import keras
     import numpy as np
 
-    if keras.backend.backend() == "jax":  # its trainer counts outside train_step, per process
+    if not rows_countable():
         return None
     tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
     if tracker is None or not require("loss_tracker_rows"):

@@ -18,3 +18,15 @@ def _on_jax() -> bool:
 
 
 collect_ignore_glob = [] if _on_jax() else ["test_*.py"]
+
+
+if _on_jax():
+    import keras
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def no_distribution():
+        """Each test starts and ends with no Keras distribution set in this process."""
+        keras.distribution.set_distribution(None)
+        yield
+        keras.distribution.set_distribution(None)

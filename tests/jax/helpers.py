@@ -14,6 +14,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 120
 
 
+def simulated_devices(n: int = 2) -> dict[str, str]:
+    """The environment of a process that sees `n` simulated CPU devices."""
+    return {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(n),
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -18,13 +18,12 @@ import pytest
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.launch import WorkerFailedError
 from tests.jax import callbacks_job as job
+from tests.jax import helpers
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(300)]
 TOLERANCE = 1e-5
 #: Each process: 2 CPU devices (DataParallel over 2 or 4 devices).
-DEVICES = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true"}
+DEVICES = {**helpers.simulated_devices(2), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 CHECKPOINTS = ["async.weights.h5", "ckpt-1.keras", "ckpt-2.keras", "ckpt-3.keras"]
 
 

@@ -15,20 +15,14 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from tests.jax import helpers
 from tests.jax import model_parallel_job as job
 
 pytestmark = [pytest.mark.timeout(300)]
 TOLERANCE = 1e-5
 OPTIMIZERS = {"sgd": False, "adam": True}
-DEVICES = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+DEVICES = helpers.simulated_devices(2)
 
-
-@pytest.fixture(autouse=True)
-def no_distribution():
-    keras.distribution.set_distribution(None)
-    yield
-    keras.distribution.set_distribution(None)
 
 
 _REFERENCES: dict = {}

@@ -28,6 +28,7 @@ import pytest
 
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins.launch import WorkerFailedError
+from tests.jax import helpers
 from tests.jax import model_parallel_callbacks_job as job
 from tests.jax import model_parallel_job as mp
 
@@ -37,20 +38,10 @@ TOLERANCE = 1e-5
 RESHARDED_TOLERANCE = 1e-6
 
 
-def devices(n: int) -> dict:
-    return {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(n),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
-
-
 def launch(fn, processes, *args, n=2, **kwargs):
-    return kmp.launch(fn, num_workers=processes, args=args, timeout=200, env=devices(n), **kwargs)
+    return kmp.launch(fn, num_workers=processes, args=args, timeout=200,
+                      env=helpers.simulated_devices(n), **kwargs)
 
-
-@pytest.fixture(autouse=True)
-def no_distribution():
-    keras.distribution.set_distribution(None)
-    yield
-    keras.distribution.set_distribution(None)
 
 
 @pytest.fixture(scope="module")

@@ -27,15 +27,8 @@ from tests.jax import helpers, memory_job
 from tests.jax import model_parallel_job as job
 
 pytestmark = [pytest.mark.timeout(300)]
-DEVICES = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+DEVICES = helpers.simulated_devices(2)
 
-
-@pytest.fixture(autouse=True)
-def no_distribution():
-    keras.distribution.set_distribution(None)
-    yield
-    keras.distribution.set_distribution(None)
 
 
 def on_device(variables) -> dict[str, int]:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from tests.jax import helpers
 from tests.jax import model_parallel_job as job
 from tests.jax import model_parallel_settings as settings
 
@@ -31,16 +32,9 @@ TOLERANCE = 1e-5
 #: (measured: at most 2.0x, Adam's weights; see docs/model_parallelism.md).
 NOISE_FACTOR = 4
 FLOAT32 = [name for name in settings.SETTINGS if name not in settings.MIXED]
-DEVICES = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+DEVICES = helpers.simulated_devices(2)
 EAGER = ["sgd_no_jit", "adam_no_jit_steps_per_execution_3"]
 
-
-@pytest.fixture(autouse=True)
-def no_distribution():
-    keras.distribution.set_distribution(None)
-    yield
-    keras.distribution.set_distribution(None)
 
 
 _ONE_DEVICE: dict = {}
