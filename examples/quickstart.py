@@ -63,8 +63,9 @@ def build_model(learning_rate: float = 1e-3):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    gpus = [d for d in kmp.topology().local_devices if d.startswith("GPU")]  # starts nothing
-    if len(gpus) < 2:
+    topology = kmp.topology()  # starts nothing
+    gpus = [d for d in topology.local_devices if d.startswith("GPU")]
+    if len(gpus) < 2 and not topology.is_multi_worker:  # (kmp-launch -n N: a device each)
         kmp.simulate_devices(args.devices)  # before the backend's runtime starts
     epochs = 2 if args.quick else args.epochs
     out = args.out or tempfile.mkdtemp(prefix="kmp-quickstart-")

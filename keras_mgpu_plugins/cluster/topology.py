@@ -8,7 +8,9 @@ whether it is the chief. It is computed from, in order of precedence:
 2. SLURM (`SLURM_NTASKS > 1` in a task that `srun` started: `SLURM_PROCID`, the
    step's task count and node list), building the cluster the same way
    TensorFlow's `SlurmClusterResolver` does;
-3. a single process.
+3. Keras's own `KERAS_DISTRIBUTION_NUM_PROCESSES` / `_PROCESS_ID` / `_JOB_ADDRESSES`
+   (what `keras.distribution.initialize` reads: a JAX job started by hand);
+4. a single process.
 
 Every callback asks the runtime (`kmp.runtime.of(model)`), whose rank agrees with
 this module, instead of reading the environment itself.
@@ -65,7 +67,7 @@ class Topology:
         task_index: Index of this task within its task type.
         cluster_spec: Task type to list of `host:port`, or `None` for a single
             process.
-        source: `"tf_config"`, `"slurm"` or `"local"`.
+        source: `"tf_config"`, `"slurm"`, `"keras"` (`KERAS_DISTRIBUTION_*`) or `"local"`.
         local_devices: Names of this process's accelerators (`"GPU:0"`, ...), or
             of its logical CPU devices when it has no accelerator.
     """
@@ -124,7 +126,26 @@ def topology_from_env(
         if env is os.environ:  # the ancestry is this process's: only for its own variables
             check_step(env)
         return Topology(**fields, local_devices=devices)
+    if _int_env(env, "KERAS_DISTRIBUTION_NUM_PROCESSES", default=1) > 1:
+        return _from_keras(env, devices)
     return Topology(local_devices=devices)
+
+
+def _from_keras(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
+    """The job `keras.distribution.initialize` would join (`KERAS_DISTRIBUTION_*`)."""
+    count = _int_env(env, "KERAS_DISTRIBUTION_NUM_PROCESSES", default=1)
+    index = _int_env(env, "KERAS_DISTRIBUTION_PROCESS_ID", default=-1)
+    if not 0 <= index < count:
+        raise TopologyError(
+            f"KERAS_DISTRIBUTION_PROCESS_ID must be this process's index among the "
+            f"KERAS_DISTRIBUTION_NUM_PROCESSES={count} processes (0 to {count - 1}). Received: "
+            f"KERAS_DISTRIBUTION_PROCESS_ID={env.get('KERAS_DISTRIBUTION_PROCESS_ID')!r}")
+    addresses = tuple(a.strip() for a in env.get("KERAS_DISTRIBUTION_JOB_ADDRESSES", "")
+                      .split(",") if a.strip())
+    cluster = {"worker": addresses} if len(addresses) == count else None
+    return Topology(num_workers=count, worker_index=index, is_chief=index == 0,
+                    task_type="worker", task_index=index, cluster_spec=cluster, source="keras",
+                    local_devices=devices)
 
 
 def topology() -> Topology:

@@ -144,17 +144,49 @@ FEATURES: tuple[Patch, ...] = (
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/models/model.py",
         per_instance=True),
     _feature(
-        "jax_inputs_as_on_one_device", "keras_mgpu_plugins.backends.jax.data:wrap_model",
+        "jax_inputs_as_on_one_device", "keras_mgpu_plugins.backends.jax.methods:wrap_methods",
         "JAX, several processes: fit/evaluate/predict refuse numpy inputs (auto_shard_dataset), "
         "or with auto_shard_dataset=False each process's whole batch is a shard (P times the "
-        "batch); predict raises 'Fetching value for jax.Array that spans non-addressable "
-        "devices'; a model used outside the factory trains without its distribution; "
-        "jit_compile=False on processes of several CPU devices each hangs (gloo)",
-        ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict",
-         "keras.Model.predict_step"), "kmp.parallelize on the JAX backend (the factory's model)",
+        "batch); a model used outside the factory trains without its distribution; a model "
+        "class that overrides fit (keras-hub's tasks) fails with KeyError: 'shuffle'; "
+        "model.save / keras.models.load_model on one process waits forever (a distribution "
+        "left set for the whole process); jit_compile=False on processes of several CPU "
+        "devices each hangs (gloo)",
+        tuple(f"keras.Model.{m}" for m in ("fit", "evaluate", "predict", "train_on_batch",
+                                           "test_on_batch", "predict_on_batch")),
+        "kmp.parallelize on the JAX backend (every model it builds; other models untouched)",
         lambda: _fit_takes("batch_size", "shuffle", "validation_batch_size"),
         upstream="https://github.com/keras-team/keras/issues/18560",
-        after=("placement_report_on_first_fit",), per_instance=True),
+        after=("stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
+               "chief_only_progress_bars")),
+    _feature(
+        "jax_compile_under_model_distribution",
+        "keras_mgpu_plugins.backends.jax.methods:wrap_compile",
+        "JAX: compiling a model kmp built again outside the factory (fine-tuning) fails in fit "
+        "with 'Received incompatible devices for jitted computation' (an optimizer made "
+        "outside the model's distribution)", ("keras.src.trainers.trainer.Trainer.compile",),
+        "kmp.parallelize on the JAX backend (every model it builds; other models untouched)",
+        lambda: _has("keras.src.trainers.trainer.Trainer.compile"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/"
+                 "trainer.py"),
+    _feature(
+        "jax_predict_outputs_gathered", "keras_mgpu_plugins.backends.jax.methods:gather_predictions",
+        "JAX, several processes: predict raises 'Fetching value for jax.Array that spans "
+        "non-addressable devices'", ("keras.Model.predict_step",),
+        "kmp.parallelize on the JAX backend with several processes (the factory's model)",
+        lambda: _has("keras.Model.predict_step"),
+        upstream="https://github.com/keras-team/keras/issues/18560", per_instance=True),
+    _feature(
+        "jax_partial_batches_replicated",
+        "keras_mgpu_plugins.backends.jax.batches:patch_distribute_data",
+        "JAX: a last batch (or a batch_size) whose rows do not divide over the devices fails "
+        "inside JAX (make_array_from_process_local_data: 'not evenly divisible') or is refused; "
+        "predict(x_test) on an odd number of rows fails",
+        ("keras.src.backend.jax.trainer._distribute_data",),
+        "kmp.parallelize on the JAX backend (the first model it builds)",
+        lambda: _has("keras.src.backend.jax.trainer._distribute_data"),
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/jax/"
+                 "trainer.py"),
     _feature(
         "progbar_hidden_keys", "keras_mgpu_plugins.compat._private:wrap_history_epoch_end",
         "DeviceMetricsLogger(progbar='summary'): the progress bar still shows every per-device "

@@ -41,6 +41,36 @@ def jax_initialize_rng() -> bool:
     return True
 
 
+def jax_trainer_module() -> Any:
+    """Keras's JAX trainer module (its `_distribute_data` lays out every batch).
+
+    Raises:
+        RuntimeError: Keras no longer has it where it is known (`require`).
+    """
+    require("jax_distribute_data")
+    return importlib.import_module("keras.src.backend.jax.trainer")
+
+
+def jax_relayout(variable: Any, layout: Any) -> None:
+    """Lays `variable` (a Keras JAX variable made outside a distribution) out as `layout`, as
+    Keras does for one created under it; its value is kept.
+
+    Raises:
+        RuntimeError: Keras no longer lays variables out that way (`require`).
+    """
+    require("jax_variable_relayout")
+    variable._layout = layout
+    variable._direct_assign(variable.value)
+
+
+def jax_coordination_client() -> Any:
+    """The client of `jax.distributed`'s coordination service (its key-value store), or `None`
+    where the installed JAX does not have it as known (one warning)."""
+    if not require("jax_coordination_client"):
+        return None
+    return importlib.import_module("jax._src.distributed").global_state.client
+
+
 def jax_backends_started() -> bool:
     """Whether JAX's backends are initialised (`True` where that cannot be known)."""
     if not require("jax_backends_started"):

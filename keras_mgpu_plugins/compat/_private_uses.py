@@ -144,6 +144,37 @@ def _warn_once(name: str, message: str) -> None:
 
 
 _MAX, _TF_MAX = "3.16.0", "2.22.0"
+def _check_jax_client() -> list[str]:
+    """What `jax_coordination_client` needs of JAX's distributed runtime client."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        return []
+    try:
+        state = importlib.import_module("jax._src.distributed").global_state
+        client_type = importlib.import_module("jax._src.lib")._jax.DistributedRuntimeClient
+    except (ImportError, AttributeError) as err:
+        return [f"jax._src.distributed.global_state cannot be found ({err})"]
+    missing = [name for name in ("key_value_set", "key_value_dir_get", "key_value_try_get")
+               if not hasattr(client_type, name)]
+    return ([] if hasattr(state, "client") else ["global_state.client is gone"]) + [
+        f"DistributedRuntimeClient.{name} is gone" for name in missing]
+
+
+def _check_jax_variable() -> list[str]:
+    """What `jax_variable_relayout` needs of Keras's JAX variable."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        return []
+    try:
+        variable = importlib.import_module("keras.src.backend.jax.core").JaxVariable
+    except (ImportError, AttributeError) as err:
+        return [f"keras.src.backend.jax.core.JaxVariable cannot be found ({err})"]
+    return [f"JaxVariable.{name} is gone" for name in ("_direct_assign", "_initialize_layout")
+            if not callable(getattr(variable, name, None))]
+
+
 PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("model_checkpoint_hooks", "ModelCheckpoint._save_model (overridden), "
                "_get_file_path, _should_save_model", "kmp.callbacks.ModelCheckpoint", "3.10.0",
@@ -214,6 +245,26 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp.topology() lists JAX's devices, which starts JAX's backend: call "
                "kmp.simulate_devices or let the launcher initialise jax.distributed first.",
                fallback=True, library="jax"),
+    PrivateUse("jax_distribute_data", "keras.src.backend.jax.trainer._distribute_data (every "
+               "batch of fit/evaluate/predict and *_on_batch laid out under a distribution)",
+               "kmp's JAX partial batches (a batch whose rows do not divide over the devices is "
+               "fed whole to every device: patch jax_partial_batches_replicated)", "3.10.0", _MAX,
+               lambda: _missing("keras.src.backend.jax.trainer", "_distribute_data"),
+               "kmp refuses a batch whose rows do not divide over the devices, naming it."),
+    PrivateUse("jax_coordination_client", "jax._src.distributed.global_state.client "
+               "(key_value_set, key_value_dir_get, key_value_try_get: the key-value store of "
+               "jax.distributed's coordination service)",
+               "kmp's check that every JAX process makes the same fit/evaluate/predict call "
+               "(backends.jax.calls)", "0.5.1", "0.12.0", _check_jax_client,
+               "The check is skipped: a fit/evaluate/predict made on one process only waits "
+               "for the others (kmp-launch --stall-timeout reports it).", fallback=True,
+               library="jax"),
+    PrivateUse("jax_variable_relayout", "keras.src.backend.jax.core.JaxVariable (_layout, "
+               "_direct_assign: how Keras lays a variable out under a distribution)",
+               "kmp's JAX compile outside the factory (an optimizer made outside the model's "
+               "distribution gets its layout)", "3.10.0", _MAX, _check_jax_variable,
+               "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
+               "or build it in the @kmp.parallelize factory."),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 

@@ -56,6 +56,11 @@ class Runtime:
         """Every worker's `wire` (int64 or float64), stacked; called only when spanning."""
         raise NotImplementedError
 
+    def store(self) -> Any:
+        """The job's key-value store (`runtime.calls.Store`), or `None` where the backend has
+        none to offer: the calls check (`runtime.calls.together`) is then skipped."""
+        return None
+
     @property
     def is_chief(self) -> bool:
         return self.rank().is_chief

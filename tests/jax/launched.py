@@ -59,24 +59,26 @@ def _model(optimizer: str):
 def shuffled_fit(mode, optimizer: str = "sgd") -> dict:
     """fit(shuffle=mode) on 2 processes; the rows each process fed, per pass; then one
     device (no distribution) trained in this process on the same global orders."""
+    import jax
     import keras
 
     import keras_mgpu_plugins as kmp
     from keras_mgpu_plugins.backends.jax import shuffle
 
     fed, seeds = [], []
-    draw, real = shuffle.agreed_seed, shuffle.process_rows
+    draw, real = shuffle.agreed_seed, shuffle.epoch_order
 
     def agreed_seed() -> int:
         seeds.append(draw())
         return seeds[-1]
 
-    def process_rows(*args):
-        rows = real(*args)
-        fed.append((args[5], rows.tolist()))  # (pass, rows in order)
-        return rows
+    def epoch_order(*args):
+        order = real(*args)  # (total, batch, seed, pass, mode): this process's rows of it
+        mine = shuffle.share_rows(*args[:2], jax.process_count(), jax.process_index())
+        fed.append((args[3], order[mine].tolist()))
+        return order
 
-    shuffle.agreed_seed, shuffle.process_rows = agreed_seed, process_rows
+    shuffle.agreed_seed, shuffle.epoch_order = agreed_seed, epoch_order
     x = np.random.default_rng(0).normal(size=(ROWS, 3)).astype("float32")
     y = (x @ np.array([[0.5], [-1.0], [2.0]], "float32")).astype("float32")
     model = kmp.parallelize(_model)(optimizer)
@@ -86,7 +88,7 @@ def shuffled_fit(mode, optimizer: str = "sgd") -> dict:
     reference = _model(optimizer)
     trained = [p for p, _ in fed][-EPOCHS:]  # the passes fit trained on (the first: a peek)
     for index in trained:
-        order = shuffle.epoch_order(ROWS, BATCH, seeds[0], index, mode)
+        order = real(ROWS, BATCH, seeds[0], index, mode)
         reference.fit(x[order], y[order], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     return {"fed": fed, "seeds": seeds, "weights": weights, "history": history.history,
             "reference": [w.tolist() for w in reference.get_weights()]}

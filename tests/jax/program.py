@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -48,12 +49,22 @@ def train(model, x, y):
             "predict": predicted, **{f"w{i}": w for i, w in enumerate(model.get_weights())}}
 
 
+def partial(model, x, y, batch_size=BATCH):
+    """Row counts that do not divide over 2 devices: 21 rows to fit (a last batch of 5 with
+    batch_size=8), 13 to validate, 21 to evaluate, 23 to predict; or batch_size=5 (no batch
+    divides)."""
+    history = model.fit(x[:21], y[:21], batch_size=batch_size, epochs=EPOCHS, shuffle=False,
+                        verbose=0, validation_data=(x[:13], y[:13]))
+    evaluated = model.evaluate(x[:21], y[:21], batch_size=batch_size, verbose=0)
+    predicted = model.predict(x[:23], batch_size=batch_size, verbose=0)
+    return {"history": json.dumps(history.history), "evaluate": np.asarray(evaluated),
+            "predict": predicted, **{f"w{i}": w for i, w in enumerate(model.get_weights())}}
+
+
 def errors(model, x, y):
     """The clear errors bad inputs raise (each message, by case)."""
     found = {}
     cases = {
-        "odd_batch": lambda: model.fit(x, y, batch_size=5, shuffle=False, verbose=0),
-        "last_batch": lambda: model.fit(x[:21], y[:21], batch_size=8, shuffle=False, verbose=0),
         "shuffle": lambda: model.fit(x, y, batch_size=8, verbose=0),
         "iterator": lambda: model.fit(iter([(x[:8], y[:8])] * 2), steps_per_epoch=2,
                                       shuffle=False, verbose=0),
@@ -100,6 +111,8 @@ def main(case: str, out: str) -> None:
         results.update(train(model, x, y))
         results.update({f"bn_{k}": v for k, v in train(build(True), x, y).items()})
         results.update({f"adam_{k}": v for k, v in train(build(adam=True), x, y).items()})
+        results.update({f"partial_{k}": v for k, v in partial(build(True), x, y).items()})
+        results.update({f"odd_{k}": v for k, v in partial(build(adam=True), x, y, 5).items()})
     elif case == "late":
         import jax
 
@@ -118,6 +131,13 @@ def main(case: str, out: str) -> None:
         results.update(train(model, x, y))
         results.update({f"bn_{k}": v for k, v in train(factory(True), x, y).items()})
         results.update({f"adam_{k}": v for k, v in train(factory(adam=True), x, y).items()})
+        results.update({f"partial_{k}": v for k, v in partial(factory(True), x, y).items()})
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            odd = partial(factory(adam=True), x, y, 5)
+        results.update({f"odd_{k}": v for k, v in odd.items()})
+        results["odd_warnings"] = np.array([str(w.message) for w in seen if "batch_size=5" in
+                                            str(w.message)] or [""])
         results.update(errors(model, x, y))
     np.savez(out, **results)
 

@@ -45,7 +45,8 @@ def test_trains_evaluates_predicts_as_one_device(parities, case):
     for have, expected in zip(got["weights"], want["weights"], strict=True):
         np.testing.assert_allclose(have, expected, atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(got["evaluate"], want["evaluate"], atol=TOLERANCE, rtol=0)
-    assert np.shape(got["predict"]) == (streams_job.ROWS, 1)  # every row once, in order
+    rows = int(case.split("/")[-1])  # 29: a last batch of 5 rows, fed whole to both devices
+    assert np.shape(got["predict"]) == (rows, 1)  # every row once, in order
     np.testing.assert_allclose(got["predict"], want["predict"], atol=TOLERANCE, rtol=0)
 
 
@@ -96,8 +97,6 @@ def test_a_process_whose_input_differs_raises_on_every_process(errors, kind):
 def test_inputs_kmp_cannot_split_name_what_to_pass(errors):
     for found in errors:
         refused = found["refusals"]
-        assert "batch 3 has 5 rows" in refused["odd_rows"]
-        assert "do not divide over the" in refused["odd_rows"] and "multiple of" in refused["odd_rows"]
         assert "use_multiprocessing=False" in refused["multiprocessing"]
         assert "list_iterator" in refused["iterator"]
-        assert "PyDataset, generator or tf.data.Dataset" in refused["iterator"]
+        assert "PyDataset, generator, tf.data.Dataset or grain" in refused["iterator"]

@@ -1,157 +1,75 @@
-"""Inputs as on one device, under `keras.distribution` on several JAX processes.
+"""Inputs as on one device, for the models `@kmp.parallelize` builds on JAX.
 
 Users pass the same global arrays (numpy, or dicts/lists/tuples of them), the
 global `batch_size` and `validation_data` to `fit`/`evaluate`/`predict` on every
 process. With `P` processes, process `p` is fed rows `[p*b, (p+1)*b)` of every
 global batch of `B = P*b` rows; Keras (`auto_shard_dataset=False`) assembles the
 processes' shares into one global batch (`jax.make_array_from_process_local_data`),
-the very batch one device trains on, so training equals one device. `predict`
-returns every row once, in order, on every process.
+the very batch one device trains on, so training equals one device. A batch whose
+rows do not divide over the devices (a last batch, or `batch_size` itself) is fed
+whole to every device (`backends.jax.batches`). `predict` returns every row once,
+in order, on every process.
 
-A `keras.utils.PyDataset` or a generator, the same on every process, is fed the
-same way: process `p` keeps its share of every batch it yields, the processes'
-batches compared as they go (`backends.jax.streams`).
+A `keras.utils.PyDataset`, a generator, a `tf.data.Dataset` or a grain dataset, the
+same on every process, is fed the same way (`backends.jax.streams`). `shuffle=True`
+(fit's default) and `"batch"` shuffle the global rows the same way on every process
+(`backends.jax.shuffle`).
 
-What cannot be split that way is refused with a clear error, never fed
-differently: a batch (the last one included) that does not divide over the
-devices, an input kmp cannot split by rows (a `tf.data.Dataset`, a torch
-`DataLoader`). `shuffle=True` (fit's default) and `"batch"` shuffle the
-global rows the same way on every process (`backends.jax.shuffle`).
+Each function arranges the arguments of one method (read as Keras's own `Model.fit`
+defines them) in place, under the model's distribution (`backends.jax.methods`).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins.backends.jax import streams
+from keras_mgpu_plugins.backends.jax import batches, streams
 from keras_mgpu_plugins.backends.jax.shuffle import share_rows  # noqa: F401 - and data.share_rows
 
 _FIT_DEFAULT_BATCH = 32  # Keras's batch size when none is given (arrays)
 
 
-def run_under(model: Any, distribution: Any) -> None:
-    """Makes `model`'s fit/evaluate/predict run under `distribution`, fed as described above.
-
-    Registered per-instance change `jax_inputs_as_on_one_device` (`kmp.compat`).
-    """
-    from keras_mgpu_plugins.compat import apply_to
-
-    apply_to("jax_inputs_as_on_one_device", model, distribution)
-
-
-def wrap_model(model: Any, distribution: Any) -> None:
-    """Sets `fit`, `evaluate`, `predict` (and, with several processes, `predict_step`) on `model`."""
+def _several() -> bool:
     import jax
 
-    cpus = _cpu_devices_of_this_process(distribution)
-    for name, arrays in (("fit", _fit_arguments), ("evaluate", _evaluate_arguments),
-                         ("predict", _predict_arguments)):
-        setattr(model, name, _wrapped(model, name, arrays, distribution, cpus))
-    if jax.process_count() > 1:
-        model.predict_step = _replicated_outputs(model.predict_step, distribution)
-        model.predict_function = None
+    return jax.process_count() > 1
 
 
-def _wrapped(model: Any, name: str, arrange: Any, distribution: Any, cpus: int) -> Any:
-    method = getattr(model, name)
-    signature = inspect.signature(method)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if cpus > 1:
-            _refuse_eager(model, name, cpus)
-        if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: already this process's
-            with distribution.scope():
-                return method(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = {k: v for k, v in bound.arguments.items() if k != "kwargs"}
-        with distribution.scope():
-            arrange(arguments, _devices(distribution))
-            return method(**arguments, **bound.arguments.get("kwargs", {}))
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = method.__doc__
-    return call
-
-
-def _cpu_devices_of_this_process(distribution: Any) -> int:
-    """With several processes, how many CPU devices of the mesh this process holds (else 0)."""
-    import jax
-
-    if jax.process_count() == 1:
-        return 0
-    mine = [d for d in distribution.device_mesh.backend_mesh.devices.flat
-            if d.process_index == jax.process_index()]
-    return len(mine) if mine and mine[0].platform == "cpu" else 0
-
-
-def _refuse_eager(model: Any, method: str, cpus: int) -> None:
-    """Eager steps (one op at a time) on several processes of several CPU devices each never
-    finish: JAX's CPU collectives (gloo) hang (measured, JAX 0.10.2: 2 processes of 2 CPU
-    devices, `DataParallel` and `"hybrid"`, in fit or evaluate; plain JAX too)."""
-    import jax
-
-    if model.run_eagerly or not model.jit_compile:
-        raise ValueError(
-            f"{method}: jit_compile={model.jit_compile!r}, run_eagerly={model.run_eagerly!r} "
-            f"cannot run on {jax.process_count()} JAX processes of {cpus} CPU devices each: "
-            "each op then runs on its own, and JAX's CPU collectives (gloo) hang between "
-            "such ops when a process has several devices (the step never finishes). Compile "
-            "with jit_compile=True (JAX's default) and run_eagerly=False, or give each process "
-            "one CPU device.")
-
-
-def _devices(distribution: Any) -> int:
-    """How many pieces each global batch is split into: the mesh's batch axis (every device
-    for `DataParallel`; `ModelParallel` shards the batch along its batch axis only)."""
-    mesh = distribution.device_mesh
-    return int(mesh.shape[list(mesh.axis_names).index(distribution.batch_dim_name)])
-
-
-def _fit_arguments(arguments: dict[str, Any], devices: int) -> None:
-    import jax
-
-    several = jax.process_count() > 1
+def fit_arguments(arguments: dict[str, Any], distribution: Any, partial: bool) -> None:
+    several = _several()
     batch = arguments["batch_size"] or _FIT_DEFAULT_BATCH
     if several and streams.kind(arguments["x"]):
-        arguments["x"] = streams.shared(arguments["x"], "fit(x=...)", devices,
-                                        arguments["shuffle"])
+        arguments["x"] = streams.shared(arguments["x"], "fit(x=...)", distribution,
+                                        arguments["shuffle"], partial)
         arguments["shuffle"] = False  # a PyDataset's batch order: permuted by kmp, shared
-        _validation(arguments, batch, devices, several)
+        _validation(arguments, batch, distribution, partial)
         return
     split = arguments["validation_split"]
     if several and split and arguments["validation_data"] is None:
         x, y, weights, arguments["validation_data"] = _split(
             arguments["x"], arguments["y"], arguments["sample_weight"], split)
         arguments.update(x=x, y=y, sample_weight=weights, validation_split=0.0)
-    mode = arguments["shuffle"]
-    shuffled = several and bool(mode)
-    _arrays(arguments, ("x", "y", "sample_weight"), batch, devices, "fit", several,
-            share=not shuffled)
-    _validation(arguments, batch, devices, several)
-    if shuffled:  # one permutation of the global rows per epoch, on every process
-        from keras_mgpu_plugins.backends.jax.shuffle import shuffled_shares
-
-        arrays = (arguments["x"], arguments["y"], arguments["sample_weight"])
-        arguments.update(x=shuffled_shares(arrays, batch, mode), y=None, sample_weight=None,
-                         shuffle=False, batch_size=None)
-        return
-    arguments["batch_size"] = batch // jax.process_count()
+    arrays = _arrays(arguments, ("x", "y", "sample_weight"), batch, distribution, "fit",
+                     partial)
+    _validation(arguments, batch, distribution, partial)
+    if several and arrays:  # one order of the global rows per epoch, on every process
+        arguments.update(x=batches.global_batches(arrays, batch, arguments["shuffle"],
+                                                  distribution),
+                         y=None, sample_weight=None, shuffle=False, batch_size=None)
 
 
-def _validation(arguments: dict[str, Any], batch: int, devices: int, several: bool) -> None:
-    import jax
-
+def _validation(arguments: dict[str, Any], batch: int, distribution: Any, partial: bool) -> None:
     data = arguments["validation_data"]
     if data is None:
         return
+    several = _several()
     vbatch = arguments["validation_batch_size"] or batch
     if several and streams.kind(data):
-        arguments["validation_data"] = streams.shared(data, "fit(validation_data=...)", devices)
+        arguments["validation_data"] = streams.shared(data, "fit(validation_data=...)",
+                                                      distribution, False, partial)
         return
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
         if several:
@@ -159,71 +77,76 @@ def _validation(arguments: dict[str, Any], batch: int, devices: int, several: bo
         return
     names = ("x", "y", "sample_weight")[: len(data)]
     parts = dict(zip(names, data, strict=True))
-    _arrays(parts, names, vbatch, devices, "validation_data", several)
-    arguments["validation_data"] = tuple(parts[n] for n in names)
-    arguments["validation_batch_size"] = vbatch // jax.process_count()
+    arrays = _arrays(parts, names, vbatch, distribution, "validation_data", partial)
+    if several and arrays:
+        arguments["validation_data"] = batches.global_batches(arrays, vbatch, False,
+                                                              distribution)
+        arguments["validation_batch_size"] = None
 
 
-def _evaluate_arguments(arguments: dict[str, Any], devices: int) -> None:
-    import jax
+def evaluate_arguments(arguments: dict[str, Any], distribution: Any, partial: bool) -> None:
+    _one_pass(arguments, ("x", "y", "sample_weight"), distribution, partial, "evaluate")
 
-    if jax.process_count() > 1 and streams.kind(arguments["x"]):
-        arguments["x"] = streams.shared(arguments["x"], "evaluate(x=...)", devices)
+
+def predict_arguments(arguments: dict[str, Any], distribution: Any, partial: bool) -> None:
+    _one_pass(arguments, ("x",), distribution, partial, "predict")
+
+
+def _one_pass(arguments: dict[str, Any], names: tuple[str, ...], distribution: Any,
+              partial: bool, method: str) -> None:
+    if _several() and streams.kind(arguments["x"]):
+        arguments["x"] = streams.shared(arguments["x"], f"{method}(x=...)", distribution,
+                                        False, partial)
         return
     batch = arguments["batch_size"] or _FIT_DEFAULT_BATCH
-    _arrays(arguments, ("x", "y", "sample_weight"), batch, devices, "evaluate",
-            jax.process_count() > 1)
-    arguments["batch_size"] = batch // jax.process_count()
+    arrays = _arrays(arguments, names, batch, distribution, method, partial)
+    if _several() and arrays:
+        arguments.update(x=batches.global_batches(arrays, batch, False, distribution),
+                         batch_size=None, **{n: None for n in names[1:]})
 
 
-def _predict_arguments(arguments: dict[str, Any], devices: int) -> None:
-    import jax
-
-    if jax.process_count() > 1 and streams.kind(arguments["x"]):
-        arguments["x"] = streams.shared(arguments["x"], "predict(x=...)", devices)
-        return
-    batch = arguments["batch_size"] or _FIT_DEFAULT_BATCH
-    _arrays(arguments, ("x",), batch, devices, "predict", jax.process_count() > 1)
-    arguments["batch_size"] = batch // jax.process_count()
-
-
-def _arrays(arguments: dict[str, Any], names: tuple[str, ...], batch: int, devices: int,
-            method: str, several: bool, share: bool = True) -> None:
-    """Checks that every global batch divides over `devices`; with `several` (and `share`),
-    keeps this process's share of each (in place)."""
-    import jax
+def _arrays(arguments: dict[str, Any], names: tuple[str, ...], batch: int, distribution: Any,
+            method: str, partial: bool) -> tuple | None:
+    """Checks the global arrays of `names` against the distribution; with several processes,
+    returns them (`None` where absent) for `batches.global_batches`, else `None`."""
     import keras
 
+    several = _several()
     leaves = {n: keras.tree.flatten(arguments[n]) for n in names if arguments.get(n) is not None}
     for name, values in leaves.items():
         for value in values:
             if not hasattr(value, "shape") or not getattr(value, "shape", ()):
                 if not several:
-                    return  # one process: Keras assembles the global batch itself
+                    return None  # one process: Keras assembles the global batch itself
                 _refuse(f"{method}({name}=...)", arguments[name])
     rows = {int(v.shape[0]) for values in leaves.values() for v in values}
-    if not rows:
-        return
-    if len(rows) > 1:
-        return  # Keras raises its own error for arrays of different lengths
+    if len(rows) != 1:
+        return None  # no arrays, or Keras raises its own error for different lengths
     total = rows.pop()
-    if batch % devices:
-        raise ValueError(
-            f"{method}: batch_size={batch} does not divide over the {devices} devices of the "
-            "distribution (every global batch is split evenly over them). Pass a batch_size "
-            f"that is a multiple of {devices}.")
-    last = total % batch
-    if last % devices:
-        raise ValueError(
-            f"{method}: the last batch of {last} rows ({total} rows, batch_size={batch}) does "
-            f"not divide over the {devices} devices of the distribution. Pass a number of rows "
-            f"or a batch_size such that the remainder is a multiple of {devices} (or 0), e.g. "
-            f"drop the last {last % devices} rows.")
-    if not several or not share:
+    _check_divisible(total, batch, distribution, method, partial)
+    if not several:
+        return None
+    return tuple(arguments.get(n) for n in names) + (None,) * (3 - len(names))
+
+
+def _check_divisible(total: int, batch: int, distribution: Any, method: str,
+                     partial: bool) -> None:
+    """Where the installed Keras lets kmp feed a batch whole (`partial`): one warning when
+    `batch_size` never divides; else the batches that cannot be split are refused."""
+    devices = batches.axis_size(distribution)
+    if partial:
+        if total > batch:
+            batches.warn_if_never_divides(batch, distribution, method)
         return
-    index = share_rows(total, batch, jax.process_count(), jax.process_index())
-    for name in leaves:
-        arguments[name] = keras.tree.map_structure(lambda a: np.asarray(a)[index], arguments[name])
+    sizes = ([batch] if total >= batch else []) + ([total % batch] if total % batch else [])
+    odd = [size for size in sizes if size % devices]
+    if odd:
+        raise ValueError(
+            f"{method}: a batch of {odd[0]} rows ({total} rows, batch_size={batch}) does "
+            f"not divide over the {devices} devices of the distribution, and the installed "
+            "Keras does not let kmp feed such a batch whole to every device (kmp.compat."
+            "report(): jax_partial_batches_replicated). Pass rows and a batch_size that are "
+            f"multiples of {devices}.")
 
 
 def _split(x: Any, y: Any, weights: Any, split: float) -> tuple:
@@ -249,21 +172,7 @@ def _refuse(what: str, value: Any) -> None:
         "shares of each global batch by kmp on several JAX processes (every process would feed "
         "its own batches, not one device's). Pass numpy arrays (or dicts/lists of them), the "
         "same global arrays on every process, with the global batch_size; or the same "
-        "keras.utils.PyDataset, generator or tf.data.Dataset on every process, yielding the "
-        "global batches.")
+        "keras.utils.PyDataset, generator, tf.data.Dataset or grain dataset on every process, "
+        "yielding the global batches.")
 
 
-def _replicated_outputs(predict_step: Any, distribution: Any) -> Any:
-    """`predict_step` whose outputs are replicated on every device, so every process reads
-    the whole global batch's predictions (Keras concatenates them with numpy)."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    replicated = NamedSharding(distribution.device_mesh.backend_mesh, PartitionSpec())
-
-    def step(state: Any, data: Any) -> Any:
-        outputs, rest = predict_step(state, data)
-        return jax.tree.map(lambda t: jax.lax.with_sharding_constraint(t, replicated),
-                            outputs), rest
-
-    return step

@@ -68,7 +68,7 @@ def _set_config(n: int) -> None:
             jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError as err:  # "should be updated before backends are initialized"
-        in_force = len(jax.devices("cpu"))
+        in_force = len(jax.local_devices(backend="cpu"))  # this process's, not the job's
         if in_force == n and jax.default_backend() == "cpu":
             return
         raise RuntimeAlreadyStartedError(

@@ -4,7 +4,8 @@
 `TF_CONFIG`, SLURM, or Keras's `KERAS_DISTRIBUTION_*` variables); `parallelize_jax`
 builds the factory's model under a `keras.distribution.DataParallel` over every
 device of every process, and makes its `fit`/`evaluate`/`predict` run under it and
-feed each process its share of every global batch (`backends.jax.data`).
+feed each process its share of every global batch (`backends.jax.methods`, `.data`): the
+distribution is the model's, in force in its own methods only, never the whole process's.
 """
 
 from __future__ import annotations
@@ -100,19 +101,17 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
             distribution = _distribution(strategy, devices, layout_map)
             if distribution is None:
                 return _checked(fn, fn(*args, **kwargs), False, require_compiled)
-            import keras
-
-            keras.distribution.set_distribution(distribution)  # fit reads it at each call
-            model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
+            with distribution.scope():  # the model's variables laid out as they are created
+                model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
             if strategy in _SHARDED:
                 from keras_mgpu_plugins.backends.jax import memory, model_parallel
 
                 model_parallel.check_keys(model, distribution)
                 model_parallel.record(model, distribution)
                 memory.check_every_process(model, strategy)  # before any step allocates more
-            from keras_mgpu_plugins.backends.jax import data
+            from keras_mgpu_plugins.backends.jax import methods
 
-            data.run_under(model, distribution)
+            methods.run_under(model, distribution)
             return model
 
         wrapper.strategy = lambda: _distribution(  # type: ignore[attr-defined]

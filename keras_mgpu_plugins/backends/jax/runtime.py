@@ -25,10 +25,33 @@ def distributed_initialized() -> bool:
 class JaxRuntime(Runtime):
     """The runtime of this JAX process: its rank among JAX's processes, their collectives."""
 
+    def __init__(self, distribution: Any = None, local: bool = False) -> None:
+        self._distribution, self._local = distribution, local
+
     @classmethod
     def for_model(cls, model: Any | None = None) -> JaxRuntime:
-        """The runtime of `model` (every model of a JAX process shares its processes)."""
-        return cls()
+        """The runtime of `model`: a model kmp built runs under its own distribution
+        (`backends.jax.models`); a model that runs under no distribution spanning the
+        processes (one loaded or built on one process) is local: its collectives are this
+        process's alone (no other process takes part), its chief the job's."""
+        import keras
+
+        from keras_mgpu_plugins.backends.jax import models
+
+        if model is None:
+            return cls()
+        distribution = models.distribution_of(model) or keras.distribution.distribution()
+        return cls(distribution, local=not _spans_processes(distribution))
+
+    def distribution(self) -> Any:
+        """The model's distribution, else the one in force in this thread, else that of the
+        last model kmp built in this process (or `None`)."""
+        import keras
+
+        from keras_mgpu_plugins.backends.jax import models
+
+        return (self._distribution or keras.distribution.distribution()
+                or models.last_distribution())
 
     def rank(self) -> Rank:
         if not distributed_initialized():
@@ -40,11 +63,19 @@ class JaxRuntime(Runtime):
 
     @property
     def spans_workers(self) -> bool:
-        if not distributed_initialized():
+        if self._local or not distributed_initialized():
             return False
         import jax
 
         return jax.process_count() > 1
+
+    def store(self) -> Any:
+        """The key-value store of `jax.distributed`'s coordination service (`None` where the
+        installed JAX does not have it as known)."""
+        from keras_mgpu_plugins.compat._private import jax_coordination_client
+
+        client = jax_coordination_client() if self.spans_workers else None
+        return _JaxStore(client) if client is not None else None
 
     def _gather(self, wire: np.ndarray) -> np.ndarray:
         """Every process's `wire` (int64 or float64, one shape), stacked in process order.
@@ -62,9 +93,8 @@ class JaxRuntime(Runtime):
     def describe(self) -> dict[str, Any]:
         """The distribution's name, its devices, the devices' kind, JAX's version."""
         import jax
-        import keras
 
-        distribution = keras.distribution.distribution()
+        distribution = self.distribution()
         devices = _distribution_devices(distribution)
         return {
             "strategy": type(distribution).__name__ if distribution is not None else "default",
@@ -77,9 +107,7 @@ class JaxRuntime(Runtime):
     @property
     def replicas_in_sync(self) -> int:
         """Devices of the active `keras.distribution` over every process (else 1)."""
-        import keras
-
-        distribution = keras.distribution.distribution()
+        distribution = self.distribution()
         if distribution is None:
             return 1
         mesh = distribution.device_mesh
@@ -91,6 +119,37 @@ class JaxRuntime(Runtime):
         from keras_mgpu_plugins.backends.jax.replica_copies import Tracked
 
         return Tracked(variables, optimizer_vars, statistics, key)
+
+
+class _JaxStore:
+    """`runtime.calls.Store` over JAX's coordination service client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def set(self, key: str, value: str) -> None:
+        self.client.key_value_set(key, value)
+
+    def get(self, key: str) -> str | None:
+        try:
+            return self.client.key_value_try_get(key)
+        except Exception:  # noqa: BLE001 - NotFound is a runtime error of JAX's
+            return None
+
+    def dir(self, prefix: str) -> dict[int, str]:
+        try:
+            entries = self.client.key_value_dir_get(prefix)
+        except Exception:  # noqa: BLE001 - an empty directory raises in some JAX versions
+            return {}
+        return {int(key.rstrip("/").rsplit("/", 1)[1]): value for key, value in entries}
+
+
+def _spans_processes(distribution: Any) -> bool:
+    """Whether `distribution`'s mesh holds devices of several processes."""
+    if distribution is None or not distributed_initialized():
+        return False
+    devices = np.asarray(distribution.device_mesh.backend_mesh.devices).ravel()
+    return len({d.process_index for d in devices}) > 1
 
 
 def _distribution_devices(distribution: Any) -> list[str]:

@@ -7,7 +7,7 @@ the same global arrays and, each epoch, the same permutation of the global rows:
 drawn from a seed the chief draws (`np.random`, so `keras.utils.set_random_seed`
 makes it reproducible, as Keras's own shuffle) and broadcasts once per `fit`,
 varied per pass over the data. Process `p` is fed rows `[p*b, (p+1)*b)` of every global
-batch of that permutation (`share_rows`), as a `keras.utils.PyDataset`
+batch of that permutation, as a `keras.utils.PyDataset` (`batches.global_batches`)
 that draws the next permutation whenever Keras starts a pass over it (asks for
 batch 0: each epoch, or each pass when `steps_per_epoch` spans epochs; Keras's
 `on_epoch_end` is no pass boundary then); Keras assembles the processes'
@@ -51,46 +51,6 @@ def process_rows(total: int, batch: int, processes: int, index: int, seed: int, 
     """The global rows process `index` trains on in `epoch`, in order."""
     order = epoch_order(total, batch, seed, epoch, mode)
     return order[share_rows(total, batch, processes, index)]
-
-
-def shuffled_shares(arrays: tuple, batch: int, mode: Any) -> Any:
-    """A `keras.utils.PyDataset` of this process's share of every global batch of a new
-    permutation each epoch. `arrays`: `(x, y, sample_weight)`, global, `None` where absent."""
-    import jax
-    import keras
-
-    processes, index = jax.process_count(), jax.process_index()
-    total = int(keras.tree.flatten(arrays[0])[0].shape[0])
-    present = tuple(a for a in arrays if a is not None)
-    share = batch // processes
-    seed = agreed_seed()
-
-    class SharedShuffle(keras.utils.PyDataset):
-        """This process's shares of the global batches of one permutation per pass."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.passes = 0  # batch 0 asked for: a new pass over the data, a new permutation
-            self.rows = np.zeros(0, np.int64)
-
-        @property
-        def num_batches(self) -> int:
-            return -(-total // batch)
-
-        def __len__(self) -> int:
-            return self.num_batches
-
-        def __getitem__(self, i: int) -> tuple:
-            if i == 0:
-                self.passes += 1
-                self.rows = process_rows(total, batch, processes, index, seed, self.passes, mode)
-            last = total % batch
-            size = last // processes if last and i == total // batch else share
-            rows = self.rows[i * share:i * share + size]
-            return tuple(keras.tree.map_structure(lambda a: np.asarray(a)[rows], a)
-                         for a in present)
-
-    return SharedShuffle()
 
 
 def share_rows(total: int, batch: int, processes: int, index: int) -> np.ndarray:

@@ -23,12 +23,15 @@ busy CPU cores), hence the grouping.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import sys
 import types
 import zlib
 from typing import Any
 
 import numpy as np
+
+from keras_mgpu_plugins.backends.jax import batches as global_batch
 
 CHECK_FIRST = 8  # every batch of the first ones (where a different seed or order shows)
 CHECK_EVERY = 16  # then every CHECK_EVERY-th batch (each check is one all-gather)
@@ -41,7 +44,9 @@ class InputsDifferError(ValueError):
 
 
 def kind(value: Any) -> str | None:
-    """`"PyDataset"`, `"generator"` or `"tf.data.Dataset"` when `value` is one, else `None`."""
+    """`"PyDataset"`, `"generator"`, `"tf.data.Dataset"` or `"grain"` (a grain `MapDataset`
+    or `IterDataset`: what keras-hub's tasks make of numpy arrays) when `value` is one, else
+    `None`."""
     import keras
 
     if isinstance(value, keras.utils.PyDataset):
@@ -51,44 +56,50 @@ def kind(value: Any) -> str | None:
     tf = sys.modules.get("tensorflow")  # never imported here: only a user's tf.data is one
     if tf is not None and isinstance(value, getattr(getattr(tf, "data", None), "Dataset", ())):
         return "tf.data.Dataset"
+    grain = sys.modules.get("grain")  # likewise: only a user's (or keras-hub's) grain dataset
+    if grain is not None and isinstance(value, (getattr(grain, "MapDataset", ()),
+                                                getattr(grain, "IterDataset", ()))):
+        return "grain"
     return None
 
 
-def shared(value: Any, what: str, devices: int, shuffle: Any = False) -> Any:
+def shared(value: Any, what: str, distribution: Any, shuffle: Any = False,
+           partial: bool = True) -> Any:
     """This process's shares of every batch of `value` (a `PyDataset`, a generator, or a
-    `tf.data.Dataset`: its passes read in order, as Keras reads one, `shuffle` its own).
+    `tf.data.Dataset` or grain dataset: its passes read in order, as Keras reads one,
+    `shuffle` its own).
 
     Args:
         value: The input, the same on every process.
         what: How the user passed it, for errors (`"fit(x=...)"`).
-        devices: Devices of the distribution (every batch must divide over them).
+        distribution: The model's distribution (each batch is split along its batch axis).
         shuffle: fit's `shuffle` (a `PyDataset`'s batch order; a generator's is its own).
+        partial: Whether a batch that does not divide over the batch axis may be fed whole
+            to every device (`backends.jax.batches`); else it is refused.
     """
     found = kind(value)
+    split = functools.partial(share, distribution=distribution, partial=partial)
     if found == "PyDataset":
-        return _share_py_dataset(value, what, devices, shuffle)
-    if found == "tf.data.Dataset":
-        return _share_py_dataset(_passes(value), what, devices, False)
-    return _share_generator(value, what, devices)
+        return _share_py_dataset(value, what, split, shuffle)
+    if found in ("tf.data.Dataset", "grain"):
+        return _share_py_dataset(_passes(value, found), what, split, False)
+    return _share_generator(value, what, split)
 
 
-def share(batch: Any, what: str, index: int, devices: int) -> Any:
-    """Rows `[p*b, (p+1)*b)` of every array in `batch` (this process `p`)."""
-    import jax
-    import keras
-
-    rows = _rows(batch)
+def share(batch: Any, what: str, index: int, distribution: Any, partial: bool = True) -> Any:
+    """This process's piece of `batch` (`batches.piece`: rows `[p*b, (p+1)*b)`, or the whole
+    batch on every device where its rows do not divide over the batch axis)."""
+    rows = global_batch.rows(batch)
     if rows < 0:
         raise ValueError(f"{what}: batch {index} holds arrays of different row counts.")
-    if rows % devices:
+    if not partial and not global_batch.divides(rows, distribution):
+        devices = global_batch.axis_size(distribution)
         raise ValueError(
             f"{what}: batch {index} has {rows} rows, which do not divide over the {devices} "
-            "devices of the distribution (every global batch is split evenly over them). "
-            f"Yield batches whose rows are a multiple of {devices}.")
-    size = rows // jax.process_count()
-    start = jax.process_index() * size
-    return keras.tree.map_structure(
-        lambda a: a[start:start + size] if _is_array(a) else a, batch)
+            "devices of the distribution, and the installed Keras does not let kmp feed such a "
+            "batch whole to every device (kmp.compat.report(): jax_partial_batches_replicated)."
+            f" Yield batches whose rows are a multiple of {devices}.")
+    return global_batch.piece(batch, distribution)
 
 
 class Checker:
@@ -146,7 +157,8 @@ def fingerprint(batch: Any, index: int, batches: int = 0) -> np.ndarray:
         array = np.asarray(leaf)
         picked = array[[0, len(array) // 2, -1]] if array.ndim and len(array) else array
         content = zlib.crc32(np.ascontiguousarray(picked).tobytes(), content)
-    return np.array([index, _rows(batch), batches, zlib.crc32(layout.encode()), content],
+    return np.array([index, global_batch.rows(batch), batches, zlib.crc32(layout.encode()),
+                     content],
                     np.int64)
 
 
@@ -164,26 +176,19 @@ def _is_array(value: Any) -> bool:
     return bool(getattr(value, "shape", ()))
 
 
-def _rows(batch: Any) -> int:
-    import keras
-
-    sizes = {int(a.shape[0]) for a in keras.tree.flatten(batch) if _is_array(a)}
-    return sizes.pop() if len(sizes) == 1 else 0 if not sizes else -2
-
-
-def _share_generator(generator: Any, what: str, devices: int) -> Any:
+def _share_generator(generator: Any, what: str, split: Any) -> Any:
     def shares() -> Any:
         checker, index = Checker(what), 0
         for batch in generator:
             checker.see(batch, index)
-            yield share(batch, what, index, devices)
+            yield split(batch, what, index)
             index += 1
         checker.see(None, index)  # a process whose input ended early: named (at a check)
 
     return shares()
 
 
-def _share_py_dataset(dataset: Any, what: str, devices: int, shuffle: Any) -> Any:
+def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any) -> Any:
     import keras
 
     from keras_mgpu_plugins.backends.jax.shuffle import agreed_seed
@@ -239,7 +244,7 @@ def _share_py_dataset(dataset: Any, what: str, devices: int, shuffle: Any) -> An
                         batches)
             batch = self._fetch(i)
             self.checker.see(batch, i)
-            return share(batch, what, i, devices)
+            return split(batch, what, i)
 
         def on_epoch_begin(self) -> None:
             getattr(dataset, "on_epoch_begin", lambda: None)()
@@ -250,16 +255,24 @@ def _share_py_dataset(dataset: Any, what: str, devices: int, shuffle: Any) -> An
     return Shares()
 
 
-def _passes(dataset: Any) -> Any:
-    """A `tf.data.Dataset` as a `PyDataset` read in order: a new pass over the dataset
-    whenever Keras starts reading it from batch 0 (as Keras makes a new iterator of a
-    dataset), `len` its cardinality (`None`: infinite or unknown, with `steps_per_epoch`).
-    Its elements come through `as_numpy_iterator`; TensorFlow is the user's, never
-    imported here."""
+def _passes(dataset: Any, found: str) -> Any:
+    """A `tf.data.Dataset` or grain dataset as a `PyDataset` read in order: a new pass over
+    the dataset whenever Keras starts reading it from batch 0 (as Keras makes a new iterator
+    of a dataset), `len` its length (`None`: infinite or unknown, with `steps_per_epoch`).
+    A tf.data dataset's elements come through `as_numpy_iterator`, a grain dataset's through
+    `iter`; TensorFlow and grain are the user's, never imported here."""
     import keras
 
-    cardinality = int(dataset.cardinality())
-    batches = cardinality if cardinality >= 0 else None
+    if found == "grain":
+        try:
+            batches: int | None = len(dataset)
+        except TypeError:  # an IterDataset has no length
+            batches = None
+        start = functools.partial(iter, dataset)
+    else:
+        cardinality = int(dataset.cardinality())
+        batches = cardinality if cardinality >= 0 else None
+        start = dataset.as_numpy_iterator
 
     class Passes(keras.utils.PyDataset):
         def __init__(self) -> None:
@@ -275,7 +288,7 @@ def _passes(dataset: Any) -> Any:
 
         def __getitem__(self, i: int) -> Any:
             if i == 0 or self.iterator is None:
-                self.iterator = dataset.as_numpy_iterator()
+                self.iterator = start()
             return next(self.iterator)
 
     return Passes()

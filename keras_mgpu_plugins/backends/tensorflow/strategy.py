@@ -198,6 +198,12 @@ def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
     if existing:  # pragma: no cover - guarded by the cache key
         return _strategies[existing[0]]
     topo = topology()
+    if topo.source == "keras":
+        raise StrategyError(
+            "KERAS_DISTRIBUTION_NUM_PROCESSES / _PROCESS_ID describe a JAX job (what "
+            "keras.distribution.initialize reads); TensorFlow's multi-worker strategy reads "
+            "TF_CONFIG or SLURM. On the TensorFlow backend start the job with kmp-launch, "
+            "srun, or a TF_CONFIG per worker; or set KERAS_BACKEND=jax.")
     if one_replica and topo.is_multi_worker:  # hybrid: the first GPU (else the CPU) only
         gpus = tf.config.list_physical_devices("GPU")
         resolver = _slurm_resolver(tf, topo, {"GPU": 1} if gpus else None)
