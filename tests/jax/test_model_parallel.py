@@ -9,12 +9,14 @@ device: SGD and Adam, weights within 1e-5; the variables sharded as chosen (or a
 from __future__ import annotations
 
 import json
+import warnings
 
 import keras
 import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.backends.jax import models
 from tests.jax import helpers
 from tests.jax import model_parallel_job as job
 
@@ -142,8 +144,69 @@ def test_layout_map_overrides_the_choice_and_trains_as_one_device():
     assert_as_one_device(job.train(model), reference("sgd"), job.weights(model))
 
 
+def guide_model(optimizer="adam"):
+    """keras.io's distribution guide's model (layers "d1", "d2"), small."""
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.layers.Input(shape=(12,)),
+                              keras.layers.Dense(8, activation="relu", name="d1"),
+                              keras.layers.Dense(3, activation="softmax", name="d2")])
+    model.compile(loss="mse", optimizer=optimizer)
+    return model
+
+
+def guide_map():
+    """The guide's own LayoutMap: its mesh ("data", "model"), a kernel and a bias sharded, and
+    a layer *output* laid out ("d2/output")."""
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((1, 2), ["data", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["d1/kernel"] = (None, "model")
+    layout_map["d1/bias"] = keras.distribution.TensorLayout(("model",), mesh)
+    layout_map["d2/output"] = ("data", None)
+    return layout_map
+
+
+def test_the_distribution_guides_layout_map_is_taken_as_keras_takes_it():
+    x = np.random.default_rng(1).normal(size=(21, 12)).astype("float32")
+    y = np.random.default_rng(2).uniform(size=(21, 3)).astype("float32")
+    keras.distribution.set_distribution(None)
+    expected = guide_model()
+    expected.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every key is used: no warning
+        model = kmp.parallelize(guide_model, strategy="model_parallel", layout_map=guide_map())()
+    distribution = models.distribution_of(model)
+    assert "d2/output" in distribution.matched and distribution.batch_dim_name == "data"
+    shards = {v.path: [s.data.shape for s in v.value.addressable_shards] for v in model.weights}
+    assert shards["d1/kernel"] == [(12, 4)] * 2 and shards["d1/bias"] == [(4,)] * 2
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)  # a last batch of 5
+    for got, want in zip(job.weights(model), expected.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(model.predict(x[:7], verbose=0), expected.predict(x[:7], verbose=0),
+                               atol=TOLERANCE, rtol=0)
+
+
+def test_a_key_that_matches_nothing_warns_once_naming_what_it_could_mean():
+    layout_map = user_map(hiden__kernel=(None, "model"), **{"hidden__kernel": (None, "model")})
+    with pytest.warns(UserWarning) as seen:
+        kmp.parallelize(job.build, strategy="model_parallel", layout_map=layout_map)()
+    messages = [str(w.message) for w in seen if "hiden/kernel" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "matches none of the model's variables and no layer output" in messages[0]
+    assert "Did you mean 'hidden/kernel'" in messages[0] and "/output" in messages[0]
+
+
+def test_a_large_variable_the_map_leaves_replicated_is_named_and_reported():
+    layout_map = user_map(hidden__kernel=(None, "model"))  # the embedding table: in no key
+    with pytest.warns(UserWarning, match="table/embeddings"):
+        model = kmp.parallelize(job.build, strategy="model_parallel", layout_map=layout_map)()
+    layouts = dict(kmp.placement_report(model).layouts)
+    assert "LARGE" in layouts["table/embeddings"] and "no layout_map key" in layouts[
+        "table/embeddings"]
+    assert "LARGE" not in layouts["hidden/kernel"]
+
+
 @pytest.mark.parametrize("entries, words", [
-    ({"hiden__kernel": (None, "model")}, ["layout_map key 'hiden/kernel'", "hidden/kernel"]),
     ({"narrow__kernel": (None, "model")},
      ["'narrow/kernel'", "(32, 5)", "dimension 1 (size 5)", "'model'", "2 devices"]),
     ({"out__kernel": ("model",)}, ["'out/kernel'", "rank 2"]),

@@ -16,9 +16,13 @@ decides at that moment, from the variable alone:
   (the reason is kept for `kmp.placement_report`).
 
 With `layout_map=` the user's `keras.distribution.LayoutMap` decides instead, as in
-Keras's own `ModelParallel`, checked: a layout that cannot shard a variable evenly
-raises naming the variable, its shape and the axis; after the factory, a key that
-matched no variable raises naming it.
+Keras's own `ModelParallel` (any map Keras takes: exact paths or regular expressions
+matched in full, tuples or `TensorLayout`s, `<layer path>/output` keys that lay out a
+layer's output, keras-hub's `get_layout_map(mesh)`), checked: a layout that cannot
+shard a variable evenly raises naming the variable, its shape and the axis; after the
+factory, a key that matched no variable and no layer output warns once naming the
+paths it could mean, and a large variable the map leaves replicated warns (and is
+marked in `kmp.placement_report`).
 
 The mesh has two axes, `("batch", "model")`: `(1, local devices)` for
 `"model_parallel"` (one process), `(processes, local devices)` for `"hybrid"` (each
@@ -27,12 +31,15 @@ process's devices one row: data parallel across processes, model parallel within
 
 from __future__ import annotations
 
+import difflib
 import re
+import warnings
 from typing import Any
 
 import keras
 
 BATCH, MODEL = "batch", "model"
+_warned: set[str] = set()
 
 
 class KmpModelParallel(keras.distribution.ModelParallel):
@@ -48,6 +55,7 @@ class KmpModelParallel(keras.distribution.ModelParallel):
         self.user_map = layout_map
         self.decisions: dict[str, tuple[tuple[Any, ...], str]] = {}
         self.matched: set[str] = set()
+        self.outputs: set[str] = set()  # the layer output paths Keras asked about
         super().__init__(layout_map=layout_map if layout_map is not None
                          else keras.distribution.LayoutMap(device_mesh),
                          batch_dim_name=device_mesh.axis_names[0], auto_shard_dataset=False)
@@ -62,6 +70,16 @@ class KmpModelParallel(keras.distribution.ModelParallel):
             axes, why = self._chosen_axes(variable)
         self.decisions.setdefault(variable.path, (axes, why))
         return keras.distribution.TensorLayout(list(axes), self.device_mesh)
+
+    def get_tensor_layout(self, path: str) -> Any:
+        """A layer output's layout (`<layer path>/output` keys), as Keras's `ModelParallel`."""
+        self.outputs.add(path)
+        if self.user_map is None:
+            return None
+        key = _matching_key(self.user_map, path)
+        if key is not None:
+            self.matched.add(key)
+        return super().get_tensor_layout(path)
 
     def _axis_size(self, name: str) -> int:
         mesh = self.device_mesh
@@ -176,15 +194,33 @@ def distribution(devices: Any, layout_map: Any, hybrid: bool) -> KmpModelParalle
 
 
 def check_keys(model: Any, dist: KmpModelParallel) -> None:
-    """Raises if a key of the user's layout map matched none of the model's variables."""
+    """Warns once per key of the user's layout map that matched none of the model's variables
+    and no layer output (Keras ignores such a key), naming the paths it could mean; and once
+    for the large variables the map leaves replicated."""
     if dist.user_map is None:
         return
-    unused = [k for k in dist.user_map if k not in dist.matched]
-    if unused:
-        paths = [v.path for v in model.weights]
-        raise ValueError(f"layout_map key {unused[0]!r} matches none of the model's variables. "
-                         f"Their paths: {paths}. Use a key (a regular expression matched in "
-                         "full) that names one of them, or remove it.")
+    paths = [v.path for v in model.weights] + sorted(dist.outputs)
+    for key in [k for k in dist.user_map if k not in dist.matched]:
+        near = difflib.get_close_matches(key, paths, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(map(repr, near))}?" if near else ""
+        _warn_once(f"layout_map key {key!r} matches none of the model's variables and no layer "
+                   f"output, so it lays nothing out (as in Keras).{hint} Variable paths: "
+                   f"{[v.path for v in model.weights][:12]}; layer outputs are "
+                   "'<layer path>/output'.")
+    from keras_mgpu_plugins.backends.jax.placement import large_replicated
+
+    large = large_replicated(model, dist)
+    if large:
+        _warn_once(f"layout_map leaves large variables replicated on every device (no key "
+                   f"matches them): {', '.join(f'{p} ({n:,} bytes)' for p, n in large)}. Each "
+                   "device holds them whole; add a key for them to shard them (kmp."
+                   "placement_report(model) shows every variable's layout).")
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def record(model: Any, dist: KmpModelParallel) -> None:

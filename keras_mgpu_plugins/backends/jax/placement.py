@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from keras_mgpu_plugins.model_parallel import costs as _costs
 from keras_mgpu_plugins.model_parallel import plans
 from keras_mgpu_plugins.model_parallel.report import DeviceRow, PlacementReport
@@ -100,7 +102,9 @@ def _report(plan: ShardedPlan, model: Any, batch_size: int | None) -> PlacementR
     activations, transfers = _activations(plan, model, batch)
     rows = tuple(DeviceRow(d, tuple(r["vars"]), r["params"], r["opt"], activations, transfers)
                  for d, r in per.items())
-    layouts = tuple((path, _describe(axes, why))
+    large = dict(large_replicated(model, plan.distribution))
+    note = f" - LARGE (>= {LARGE_SHARE:.0%} of the parameters), held whole by every device"
+    layouts = tuple((path, _describe(axes, why) + (note if path in large else ""))
                     for path, (axes, why) in plan.distribution.decisions.items()
                     if path in {v.path for v in model.weights})
     placed = plans.of(model)
@@ -140,3 +144,18 @@ def _flat(outputs: Any) -> list[Any]:
     import keras
 
     return list(keras.tree.flatten(outputs))
+
+
+#: A variable the user's map leaves replicated is "large" from this share of the parameters.
+LARGE_SHARE = 0.1
+
+
+def large_replicated(model: Any, dist: Any) -> list[tuple[str, int]]:
+    """The variables no key of the user's map matched that hold at least `LARGE_SHARE` of the
+    model's parameter bytes, with their bytes, largest first."""
+    sizes = {v.path: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights}
+    total = sum(sizes.values())
+    unmatched = [path for path, (_, why) in dist.decisions.items()
+                 if why.startswith("replicated (no layout_map") and path in sizes]
+    return sorted(((p, sizes[p]) for p in unmatched
+                   if len(sizes) > 1 and sizes[p] >= LARGE_SHARE * total), key=lambda i: -i[1])
