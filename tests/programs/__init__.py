@@ -20,6 +20,13 @@ A module exposes:
 compares one device with 2 devices and 2 workers.
 """
 
+#: Keras 3 programs written for the JAX backend (or any backend) by others, run by
+#: `tests/jax/programs.py`: their `data()` also has `"predict"`; `LARGE = True` marks a
+#: large-model program (also trained with `strategy="model_parallel"`, with its
+#: `layout_map()` where it has one). They import no TensorFlow.
+JAX_PROGRAMS = ("jax_custom_train_step", "jax_image_classifier", "jax_miniature_gpt",
+                "jax_hub_text_classifier", "jax_hub_gemma", "jax_distribution_guide")
+
 PROGRAMS = ("mnist_convnet", "vision_transformer", "knowledge_distillation",
             "text_transformer", "feature_space")
 OPTIMIZERS = ("sgd", "program")
