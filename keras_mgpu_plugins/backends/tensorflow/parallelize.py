@@ -81,10 +81,9 @@ def _check_model(fn: Callable[..., Any], model: Any, active: Any, require_compil
     if require_compiled and in_a_strategy and not getattr(model, "compiled", False):
         raise ValueError(
             f"The factory {name} returned an uncompiled model. Call model.compile(...) "
-            "inside the factory, so its optimizer is created under the strategy's scope "
-            "(compiling outside fails in fit with 'Mixing different tf.distribute.Strategy "
-            "objects'), or pass @parallelize(require_compiled=False) and compile inside "
-            "`with model.distribute_strategy.scope():`."
+            "inside the factory, or pass @parallelize(require_compiled=False) and compile "
+            "the model later (a compile outside the factory runs in the model's strategy "
+            "and takes the optimizer and metrics it is given into it)."
         )
 
 
