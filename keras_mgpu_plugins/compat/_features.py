@@ -64,7 +64,10 @@ FEATURES: tuple[Patch, ...] = (
     _feature(
         "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
         "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
-        "given different kmp callbacks, or inputs with different numbers of steps",
+        "given different kmp callbacks, or inputs with different numbers of steps; Keras's "
+        "CSVLogger, TensorBoard, ModelCheckpoint and BackupAndRestore write the same path from "
+        "every worker (kmp: CSVLogger and TensorBoard on the chief only, Keras's ModelCheckpoint "
+        "and BackupAndRestore refused on every worker before training)",
         ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
         "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
     _feature(
