@@ -117,6 +117,17 @@ FEATURES: tuple[Patch, ...] = (
         lambda: _has("keras.Model.compile"), after=("placed_compile_keeps_placement",),
         per_instance=True),
     _feature(
+        "overridden_compile_adopts_its_arguments",
+        "keras_mgpu_plugins.backends.tensorflow.patches.outside_scope:wrap_compile",
+        "a model whose class overrides compile and keeps optimizers itself (a GAN's "
+        "compile(d_optimizer, g_optimizer, loss_fn)), compiled with optimizers made outside "
+        "the strategy's scope: 'Mixing different tf.distribute.Strategy objects' in fit, or "
+        "iterations counting every replica's step", ("keras.Model.compile",),
+        "kmp.parallelize on TensorFlow under a strategy spanning replicas or workers, for a "
+        "model whose class overrides compile", lambda: _has("keras.Model.compile"),
+        upstream="https://github.com/keras-team/keras/issues/17187",
+        after=("hybrid_compile_in_strategy_scope",), per_instance=True),
+    _feature(
         "placed_optimizer_slots", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_slot_creation",
         "model_parallel: the optimizer's slot variables are all created on one device (out of "
         "memory on the first GPU)", ("keras.optimizers.Optimizer.add_variable_from_reference",),

@@ -103,3 +103,79 @@ def test_optimizers_and_metrics_are_taken_in_where_they_are_and_keep_their_state
     before = list(plain.variables)
     alone.compile(optimizer=plain, loss="mse")
     assert [id(v) for v in plain.variables] == [id(v) for v in before]
+
+
+def two_optimizer_model_class():
+    """keras.io's GAN shape: `compile` keeps a second optimizer itself, `train_step` uses both."""
+    import keras
+
+    class TwoOptimizers(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first = keras.layers.Dense(3, kernel_initializer=keras.initializers.GlorotUniform(1))
+            self.second = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2))
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+        def compile(self, first_optimizer, second_optimizer, loss):
+            super().compile(optimizer=first_optimizer, loss=loss)
+            self.second_optimizer = second_optimizer
+            # Built here: an optimizer first built inside the distributed step fails under
+            # MirroredStrategy whatever its scope (a placeholder fed by no one, in a cond).
+            second_optimizer.build(self.second.trainable_variables)
+
+        def train_step(self, data):
+            import tensorflow as tf
+
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            first, second = self.first.trainable_variables, self.second.trainable_variables
+            grads = tape.gradient(loss, first + second)
+            self.optimizer.apply_gradients(zip(grads[:len(first)], first, strict=True))
+            self.second_optimizer.apply_gradients(zip(grads[len(first):], second, strict=True))
+            return {"loss": loss}
+
+    return TwoOptimizers
+
+
+def two_optimizer_run(strategy):
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    cls = two_optimizer_model_class()
+
+    def build():
+        model = cls()
+        model(np.zeros((1, 4), "float32"))
+        return model
+
+    model = kmp.parallelize(strategy=strategy, require_compiled=False)(build)()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=2, decay_rate=0.5)
+    second = keras.optimizers.Adam(schedule)
+    model.compile(keras.optimizers.SGD(schedule), second, "mse")  # made outside the scope
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"iterations": [int(o.iterations.numpy()) for o in (model.optimizer, second)],
+            "weights": model.get_weights(), "kept": model.second_optimizer is second}
+
+
+def test_a_compile_of_its_own_keeping_a_second_optimizer_trains_as_one_device():
+    """kmp's overridden_compile_adopts_its_arguments: Keras's compile never sees the second."""
+    one, two = two_optimizer_run("default"), two_optimizer_run("mirrored")
+    assert two["iterations"] == one["iterations"] == [8, 8] and two["kept"]
+    assert recipe.max_difference(two["weights"], one["weights"]) < 1e-5
+
+
+def test_without_it_the_second_optimizer_counts_each_replicas_step(monkeypatch):
+    """Keras's compile adopts the first optimizer; the second, left outside, counts 16."""
+    from keras_mgpu_plugins.backends.tensorflow import parallelize as tf_parallelize
+
+    one = two_optimizer_run("default")
+    monkeypatch.setattr(tf_parallelize, "_adopt_in_overridden_compile", lambda *args: None)
+    two = two_optimizer_run("mirrored")
+    assert two["iterations"] == [8, 16]
+    assert recipe.max_difference(two["weights"], one["weights"]) > 1e-4

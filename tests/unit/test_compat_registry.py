@@ -124,6 +124,7 @@ def instances():
         "placed_train_step": (model(), 1, None),
         "placed_compile_keeps_placement": (graph,),
         "hybrid_compile_in_strategy_scope": (graph, tf.distribute.get_strategy()),
+        "overridden_compile_adopts_its_arguments": (model(), tf.distribute.get_strategy()),
         "placed_optimizer_slots": (model().optimizer,),
         "placement_report_on_first_fit": (model(),),
         "progbar_hidden_keys": (keras.callbacks.History(), lambda: ["hidden"]),

@@ -20,7 +20,8 @@ it made in the scope). `patch_adopt_outside_state` takes such objects in: the
 variables of an optimizer not yet used (and of any metric) are made again in the
 model's strategy, with the same values, names and aggregation, on the same
 objects, so `opt.iterations` is the model's. An optimizer that already trained
-outside the strategy cannot be taken in equivalently: `compile` raises.
+outside the strategy cannot be taken in equivalently: `compile` raises. A model
+class whose `compile` keeps optimizers itself gets the same from `wrap_compile`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,29 @@ def patch_adopt_outside_state() -> Any:
 
     trainer.Trainer.compile = compile
     return lambda: setattr(trainer.Trainer, "compile", original)
+
+
+def wrap_compile(model: Any, strategy: Any) -> None:
+    """A model class's own `compile` takes in every optimizer and metric among its arguments.
+
+    The registered per-instance patch `overridden_compile_adopts_its_arguments`, applied by
+    `kmp.parallelize` to a model whose class overrides `compile` and keeps optimizers
+    itself (keras.io's GAN: `compile(d_optimizer, g_optimizer, loss_fn)` calls
+    `super().compile()`, then stores them): `Trainer.compile` never sees those. Outside
+    any strategy scope, the whole `compile` runs in the model's, as Keras's own does
+    (`compile_in_model_strategy_scope`).
+    """
+    import tensorflow as tf
+
+    original = model.compile
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        for given in _keras_objects((args, kwargs)):
+            adopt(given, strategy, model)
+        with contextlib.nullcontext() if tf.distribute.has_strategy() else strategy.scope():
+            return original(*args, **kwargs)
+
+    model.compile = compile
 
 
 def optimizer_takes_strategy_at_construction() -> bool | None:
