@@ -71,7 +71,7 @@ def test_an_optimizer_that_trained_outside_the_strategy_is_refused_naming_the_mo
     alone.fit(x, y, epochs=1, verbose=0)
     model = kmp.parallelize(strategy="mirrored")(recipe.factory(compiled=True))()
     with pytest.raises(ValueError, match=rf"model {model.name!r}: the optimizer Adam "
-                                         rf"{used.name!r} .* already trained outside .* Pass a "
+                                         rf"{used.name!r} .* already built outside .* Pass a "
                                          r"new Adam\(\.\.\.\)"):
         model.compile(optimizer=used, loss="mse")
 

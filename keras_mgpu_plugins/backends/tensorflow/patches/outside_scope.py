@@ -102,8 +102,8 @@ def adopt(obj: Any, strategy: Any, model: Any) -> None:
     `strategy`.
 
     Raises:
-        ValueError: If `obj` is an optimizer that already trained outside
-            `strategy` (its slots cannot be moved onto the model's replicas),
+        ValueError: If `obj` is an optimizer already built outside `strategy`
+            (its slots cannot be moved onto the model's replicas),
             or holds a variable this function could not replace.
     """
     if all(_in(strategy, v) for v in obj.variables):
@@ -111,9 +111,9 @@ def adopt(obj: Any, strategy: Any, model: Any) -> None:
     import keras
 
     if isinstance(obj, keras.optimizers.Optimizer) and obj.built:
-        raise ValueError(_refusal(obj, strategy, model, "it already trained outside that "
-                                  "strategy, and its state cannot be moved onto the model's "
-                                  "replicas"))
+        raise ValueError(_refusal(obj, strategy, model, "it was already built outside that "
+                                  "strategy (it trained, or build() was called), and its "
+                                  "state cannot be moved onto the model's replicas"))
     for owner in _owners(obj):
         for old in [v for v in owner._variables if not _in(strategy, v)]:
             new = _made_in(strategy, old)
