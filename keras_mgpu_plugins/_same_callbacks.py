@@ -15,6 +15,10 @@ The same all-gather compares each worker's number of steps per epoch (Keras's
 different step counts, and the worker with more steps would wait forever in
 its extra steps' all-reduce. Every worker raises `SettingsDifferError`, naming
 each worker's count.
+
+Keras's own file writers are handled here too (`_keras_writers`): `CSVLogger`
+and `TensorBoard` run on the chief only; `ModelCheckpoint` and
+`BackupAndRestore` (Keras's, not kmp's) make every worker raise at train begin.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+
+from keras_mgpu_plugins import _keras_writers
 
 _MARK = "_kmp_same_callbacks"
 
@@ -57,22 +63,35 @@ def check(callbacks: Any, runtime: Any, steps: int | None = None) -> None:
     and one of the step count), on every worker, when `runtime` (`kmp.runtime.of(model)`)
     spans workers; a second all-gather of the step counts when they differ, to name them.
 
+    The same all-gather carries which of Keras's own checkpoint callbacks each worker
+    was given (`_keras_writers.refused`): if any worker was given one, every worker
+    raises, the ones without it after a second all-gather naming the workers with it.
+
     Raises:
         SettingsDifferError: If the workers' step counts differ (`None`, unknown,
             counts as its own value), naming each worker's count; or if their kmp
             callbacks differ, naming them.
+        ValueError: If any worker was given `keras.callbacks.ModelCheckpoint` or
+            `keras.callbacks.BackupAndRestore` (not kmp's drop-ins), naming them.
     """
     from keras_mgpu_plugins.runtime import SettingsDifferError
 
     if not runtime.spans_workers:
         return
     names = kmp_callback_names(callbacks)
+    writers = _keras_writers.refused(callbacks)
     here = runtime.worker_index
     count = -1 if steps is None else int(steps)
-    differ_from_chief = runtime.settings_differ({"kmp_callbacks": names, "steps": count})
+    differ_from_chief = runtime.settings_differ(
+        {"kmp_callbacks": names, "steps": count, "keras_writers": writers})
     if "steps" in differ_from_chief:  # every worker knows: every worker gathers the counts
         all_steps = [int(n) for n in runtime.all_gather(np.array([count], np.int64))[:, 0]]
         raise _steps_differ_error(all_steps, here)
+    if "keras_writers" in differ_from_chief:  # every worker knows: every worker gathers who
+        given = runtime.all_gather(np.array([bool(writers)]))[:, 0]
+        raise _keras_writers.refusal(writers, here, [int(r) for r in np.flatnonzero(given)])
+    if writers:  # the same on every worker: each raises, with no further collective
+        raise _keras_writers.refusal(writers, here, list(range(runtime.num_workers)))
     differ = [int(r) for r in differ_from_chief.get("kmp_callbacks", ())]
     if differ:
         raise SettingsDifferError(
@@ -91,7 +110,8 @@ def install() -> None:
     """Makes every `keras.Model.fit` under a multi-worker strategy call `check` first. Idempotent.
 
     The check runs as the first callback's `on_train_begin`, before any other
-    callback's collective and any training step. `fit` outside a multi-worker
+    callback's collective and any training step. Keras's `CSVLogger` and
+    `TensorBoard` are given to the chief's `fit` only. `fit` outside a multi-worker
     strategy is unchanged. Applies the registered patch
     `same_callbacks_on_every_worker` (`kmp.compat.PATCHES`).
     """
@@ -127,7 +147,8 @@ def wrap_fit() -> Any:
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         given = list(bound.arguments.get("callbacks") or [])
-        bound.arguments["callbacks"] = [SameCallbacks(given), *given]
+        kept = _keras_writers.for_this_worker(given, runtime.of(self).is_chief)
+        bound.arguments["callbacks"] = [SameCallbacks(given), *kept]
         return original(*bound.args, **bound.kwargs)
 
     setattr(fit, _MARK, True)

@@ -68,8 +68,10 @@ def parallelize(
             `"model_parallel"` and `"hybrid"`: the stage devices in order (default: every local GPU,
             else every local CPU device), or a mapping from layer-name patterns to devices.
         require_compiled: Raise if the factory returns an uncompiled model
-            under a distributing strategy (its optimizer must be created in
-            the scope).
+            under a distributing strategy. With `False`, compile it later,
+            anywhere: on TensorFlow a `compile` outside the scope runs in the
+            model's strategy and takes the optimizer and metrics it is given
+            into it (docs/parallelize.md, "Compiling again").
         micro_batches: For `"model_parallel"` and `"hybrid"`: split each batch into this many pieces
             in `fit` so stages work on different pieces at once (must divide the batch).
         sync_batchnorm: Make every `BatchNormalization` in the model compute

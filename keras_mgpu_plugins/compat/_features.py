@@ -64,7 +64,10 @@ FEATURES: tuple[Patch, ...] = (
     _feature(
         "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
         "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
-        "given different kmp callbacks, or inputs with different numbers of steps",
+        "given different kmp callbacks, or inputs with different numbers of steps; Keras's "
+        "CSVLogger, TensorBoard, ModelCheckpoint and BackupAndRestore write the same path from "
+        "every worker (kmp: CSVLogger and TensorBoard on the chief only, Keras's ModelCheckpoint "
+        "and BackupAndRestore refused on every worker before training)",
         ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
         "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
     _feature(
@@ -113,6 +116,17 @@ FEATURES: tuple[Patch, ...] = (
         "outside the strategy", ("keras.Model.compile",), _MP,
         lambda: _has("keras.Model.compile"), after=("placed_compile_keeps_placement",),
         per_instance=True),
+    _feature(
+        "overridden_compile_adopts_its_arguments",
+        "keras_mgpu_plugins.backends.tensorflow.patches.outside_scope:wrap_compile",
+        "a model whose class overrides compile and keeps optimizers itself (a GAN's "
+        "compile(d_optimizer, g_optimizer, loss_fn)), compiled with optimizers made outside "
+        "the strategy's scope: 'Mixing different tf.distribute.Strategy objects' in fit, or "
+        "iterations counting every replica's step", ("keras.Model.compile",),
+        "kmp.parallelize on TensorFlow under a strategy spanning replicas or workers, for a "
+        "model whose class overrides compile", lambda: _has("keras.Model.compile"),
+        upstream="https://github.com/keras-team/keras/issues/17187",
+        after=("hybrid_compile_in_strategy_scope",), per_instance=True),
     _feature(
         "placed_optimizer_slots", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_slot_creation",
         "model_parallel: the optimizer's slot variables are all created on one device (out of "

@@ -6,7 +6,8 @@ there), the symptom it fixes, what it replaces and which patch it must wrap,
 and is tested by a real run that fails without it (`tests/multi_worker/test_fit.py`,
 `tests/multi_device/test_fit_settings.py`). The patches themselves live in
 `patches.trainer`, `patches.loss_scale`, `patches.compile_settings`, `patches.optimizer`,
-`patches.data`, `patches.iterators`, `patches.input_check` and `patches.custom_step`.
+`patches.data`, `patches.iterators`, `patches.input_check`, `patches.custom_step` and
+`patches.outside_scope`.
 """
 
 from __future__ import annotations
@@ -189,6 +190,20 @@ WORKAROUNDS: tuple[Patch, ...] = (
         present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.compile_settings", "compile_makes_loss_tracker_in_current_scope"),
         symptom="after compiling again outside the strategy's scope (fine-tuning), each worker logs a different loss",
         wraps=("keras.src.trainers.trainer.Trainer.compile",),
+    ),
+    # keras-team/keras#17187 (open): the optimizers of Keras 2.11, and Keras 3's, make their
+    # variables and take the strategy when constructed; tf.keras's made them at the first use, in
+    # the model's strategy. Metrics made outside count one worker's rows. Keras 3.10 and 3.15.
+    Patch(
+        name="compile_adopts_state_made_outside",
+        upstream="https://github.com/keras-team/keras/issues/17187",
+        min_version="3.10.0",
+        max_version="3.16.0",
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.outside_scope", "patch_adopt_outside_state"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.outside_scope", "optimizer_takes_strategy_at_construction"),
+        symptom="fine-tuning (compile again with keras.optimizers.X(...) made outside the strategy's scope): iterations counts every replica's step (16 for 8 on 2 GPUs), a learning-rate schedule decays N times faster, with no warning; Adam fails in fit: Mixing different tf.distribute.Strategy objects; on several workers a metric made outside logs each worker's own value",
+        wraps=("keras.src.trainers.trainer.Trainer.compile",),
+        after=("compile_in_model_strategy_scope",),
     ),
     Patch(
         name="jit_compile_per_replica",

@@ -56,10 +56,12 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
     shared = {path.rsplit(".", 1)[1]: names for path, names in by_attribute.items()
               if len(names) > 1}
     assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
-                           "_all_reduce_sum_gradients", "_get_iterator", "fit", "compile (instance)",
-                           "fit (instance)"}
+                           "_all_reduce_sum_gradients", "_get_iterator", "fit", "compile",
+                           "compile (instance)", "fit (instance)"}
     assert shared["fit"] == ["chief_only_progress_bars", "same_callbacks_on_every_worker",
                              "stall_watchdog_on_every_fit"]
+    assert shared["compile"] == ["compile_in_model_strategy_scope",
+                                 "compile_adopts_state_made_outside"]
 
 
 def test_order_problems_names_an_undeclared_or_reversed_pair():
@@ -122,6 +124,7 @@ def instances():
         "placed_train_step": (model(), 1, None),
         "placed_compile_keeps_placement": (graph,),
         "hybrid_compile_in_strategy_scope": (graph, tf.distribute.get_strategy()),
+        "overridden_compile_adopts_its_arguments": (model(), tf.distribute.get_strategy()),
         "placed_optimizer_slots": (model().optimizer,),
         "placement_report_on_first_fit": (model(),),
         "progbar_hidden_keys": (keras.callbacks.History(), lambda: ["hidden"]),

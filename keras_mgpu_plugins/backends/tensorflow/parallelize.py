@@ -54,6 +54,7 @@ def parallelize(factory: Callable[..., Any] | None, *, strategy: Any, devices: A
             with active.scope():
                 model = fn(*args, **kwargs)
             _check_model(fn, model, active, require_compiled)
+            _adopt_in_overridden_compile(model, active)
             _sum_duplicate_slices(model)
             if sync_batchnorm:
                 _synchronize_batchnorm(model)
@@ -81,10 +82,9 @@ def _check_model(fn: Callable[..., Any], model: Any, active: Any, require_compil
     if require_compiled and in_a_strategy and not getattr(model, "compiled", False):
         raise ValueError(
             f"The factory {name} returned an uncompiled model. Call model.compile(...) "
-            "inside the factory, so its optimizer is created under the strategy's scope "
-            "(compiling outside fails in fit with 'Mixing different tf.distribute.Strategy "
-            "objects'), or pass @parallelize(require_compiled=False) and compile inside "
-            "`with model.distribute_strategy.scope():`."
+            "inside the factory, or pass @parallelize(require_compiled=False) and compile "
+            "the model later (a compile outside the factory runs in the model's strategy "
+            "and takes the optimizer and metrics it is given into it)."
         )
 
 
@@ -131,6 +131,18 @@ def _patch_if_distributing(active: Any) -> None:
 
     if compat.distributing(active):
         compat.patch_keras()
+
+
+def _adopt_in_overridden_compile(model: Any, active: Any) -> None:
+    """A model class's own `compile` takes in the optimizers it keeps itself, as Keras's
+    `compile` takes in its arguments (`kmp.compat` patches `compile_adopts_state_made_outside`
+    and `overridden_compile_adopts_its_arguments`)."""
+    import keras
+
+    from keras_mgpu_plugins import compat
+
+    if type(model).compile is not keras.Model.compile and compat.distributing(active):
+        compat.apply_to("overridden_compile_adopts_its_arguments", model, active)
 
 
 def _sum_duplicate_slices(model: Any) -> None:
