@@ -61,18 +61,22 @@ FEATURES: tuple[Patch, ...] = (
         "creating a strategy that spans workers (kmp.parallelize, kmp-launch; on JAX, once "
         "kmp finds or starts jax.distributed over several processes)",
         lambda: _fit_takes("verbose")),
+    # Inside the same-callbacks check: that check compares the callbacks each worker was
+    # given, not the watchdog the launcher adds to every worker's fit alike.
+    _feature(
+        "stall_watchdog_on_every_fit",
+        "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
+        "a multi-worker job in which one worker hangs waits forever, silently: no worker "
+        "named, no stacks", ("keras.Model.fit",),
+        "in kmp-launch / kmp.launch workers, once Keras is imported (unless --stall-timeout 0 "
+        "/ stall_timeout=None)",
+        lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
     _feature(
         "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
         "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
         "given different kmp callbacks, or inputs with different numbers of steps",
         ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
-        "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
-    _feature(
-        "stall_watchdog_on_every_fit",
-        "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
-        "kmp-launch --stall-timeout: a fit that hangs is never reported (no stacks, the job "
-        "waits forever)", ("keras.Model.fit",), "kmp-launch --stall-timeout, before the script",
-        lambda: _fit_takes("callbacks"), after=("same_callbacks_on_every_worker",)),
+        "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("stall_watchdog_on_every_fit",)),
     _feature(
         "placed_model_clone_warning", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_clone_model",
         "keras.models.clone_model of a model_parallel / hybrid model silently returns a model "
