@@ -139,6 +139,31 @@ def test_a_hang_in_a_batch_hook_is_caught_while_the_other_waits_in_the_train_ste
     assert re.search(r"\[worker 0\]   worker 1: stuck in sleep_forever_in_epoch_end", out)
 
 
+def fit_on_worker_0_only():
+    import keras
+    import numpy as np
+
+    from keras_mgpu_plugins._progress import clock
+
+    if kmp.topology().worker_index == 1:
+        return "no fit"
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # under no strategy
+    model.compile("sgd", "mse")
+    x = np.ones((16, 4), "float32")
+    started = time.monotonic()
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0)
+    return time.monotonic() - started, clock.count
+
+
+def test_a_fit_that_spans_no_workers_is_watched_alone():
+    """The launcher's watchdog is in the fit (its hooks counted progress), and does not wait
+    for worker 1, which runs no fit: no collective joins the two, so no peer can stall it."""
+    (took, progress), other = kmp.launch(fit_on_worker_0_only, num_workers=2,
+                                         create_strategy=False, stall_timeout=20, timeout=120)
+    assert other == "no fit"
+    assert progress >= 2 * 2 + 2 * 2 and took < 20, (took, progress)
+
+
 #: Seconds the train step takes to trace in `fit_then_differ`: 4 s above its watchdog's timeout.
 TRACE_S = 12
 
