@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--num-workers", type=_positive(int, "-n"), default=2, metavar="N",
                         help="number of worker processes (default: 2)")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), metavar="SECONDS",
-                        help="stop every worker and exit with code 124 after this many seconds")
+                        help="stop every worker and exit with code 124 after this many seconds, "
+                             "naming the workers still running, with their Python stacks")
     parser.add_argument("--stall-timeout", type=_positive(float, "--stall-timeout",
                                                           zero="no StallWatchdog"),
                         metavar="SECONDS",
