@@ -6,6 +6,7 @@ would be over two GPUs (TensorFlow: `MirroredStrategy`; JAX: `keras.distribution
 `DataParallel`). The data are scikit-learn's 8x8 digits (shipped with the package,
 nothing is downloaded).
 
+    pip install -e ".[tensorflow,examples]"              # or ".[jax,examples]" for JAX
     python examples/quickstart.py                        # TensorFlow, ~30 s on 2 CPU cores
     KERAS_BACKEND=jax python examples/quickstart.py      # JAX
     python examples/quickstart.py --quick                # 2 epochs, for tests
@@ -18,6 +19,8 @@ import os
 import tempfile
 
 import keras_mgpu_plugins as kmp
+
+BATCH_SIZE = 64  # global: split over the devices
 
 
 def parse_args(argv=None):
@@ -76,7 +79,7 @@ def main(argv=None) -> dict:
 
     print(
         f"Training on {kmp.runtime.of(model).replicas_in_sync} replicas "
-        f"(Keras backend: {keras.backend.backend()}), global batch 64"
+        f"(Keras backend: {keras.backend.backend()}), global batch {BATCH_SIZE}"
     )
     callbacks = [
         kmp.callbacks.ModelCheckpoint(
@@ -84,13 +87,13 @@ def main(argv=None) -> dict:
         ),
         kmp.callbacks.EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True),
         kmp.callbacks.WeightSyncVerifier(),
-        kmp.callbacks.DeviceMetricsLogger(),
+        kmp.callbacks.DeviceMetricsLogger(batch_size=BATCH_SIZE),  # samples/s on every backend
     ]
     history = model.fit(
-        x, y, batch_size=64, epochs=epochs, validation_data=(x_val, y_val),
+        x, y, batch_size=BATCH_SIZE, epochs=epochs, validation_data=(x_val, y_val),
         callbacks=callbacks, verbose=2,
     )
-    loss, accuracy = model.evaluate(x_val, y_val, batch_size=64, verbose=0)
+    loss, accuracy = model.evaluate(x_val, y_val, batch_size=BATCH_SIZE, verbose=0)
     print(f"validation accuracy {accuracy:.3f}; best checkpoint: {os.path.join(out, 'best.keras')}")
     return {"history": history.history, "val_accuracy": accuracy, "out": out}
 

@@ -9,7 +9,7 @@ value that differs between workers) and `kmp.callbacks.StallWatchdog`. Each
 worker writes what it saw to `<out>/worker-<rank>.json`; the last line printed
 is a JSON summary.
 
-    pip install "keras_mgpu_plugins[ray]"
+    pip install "keras_mgpu_plugins[tensorflow,ray]"   # Ray's TensorflowTrainer runs TensorFlow
     python examples/ray_train.py --quick --out /tmp/ray-run
 """
 
@@ -94,10 +94,11 @@ def run(out_dir: str, epochs: int, num_workers: int = 2) -> dict:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.tensorflow import TensorflowTrainer
     except ModuleNotFoundError as err:
-        if (err.name or "").split(".")[0] != "ray":
+        if (err.name or "").split(".")[0] not in ("ray", "tensorflow"):
             raise
-        raise SystemExit(f"examples/ray_train.py needs Ray Train ({err}). Install it with: "
-                         'pip install "keras_mgpu_plugins[ray]"') from err
+        raise SystemExit(f"examples/ray_train.py needs Ray Train and TensorFlow ({err}): Ray's "
+                         "TensorflowTrainer runs TensorFlow in each worker. Install both with: "
+                         'pip install "keras_mgpu_plugins[tensorflow,ray]"') from err
 
     ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=True)
     try:

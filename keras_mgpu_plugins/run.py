@@ -53,17 +53,24 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
         create_strategy: Join the job now (the job has several workers and the
             backend's runtime has not started): TensorFlow's multi-worker strategy,
             or `jax.distributed` on JAX.
-        stall_timeout: For `kmp-launch --stall-timeout`: a `StallWatchdog`
-            with this timeout in every `fit`, or `None`.
+        stall_timeout: For the launcher's workers (`kmp-launch`, `kmp.launch`): a
+            `StallWatchdog` with this timeout in every `fit`, or `None`. Applied as
+            soon as Keras is imported (now, if it is): the bootstrap itself never
+            imports Keras for it, so the script may still choose its backend first.
     """
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
         from keras_mgpu_plugins import backends
 
         backends.current().join_job()
     if stall_timeout is not None:
-        from keras_mgpu_plugins.callbacks.stall_watchdog import add_to_every_fit
+        from keras_mgpu_plugins._after_import import when_imported
 
-        add_to_every_fit(stall_timeout)
+        def watch_every_fit(keras: object) -> None:
+            from keras_mgpu_plugins.callbacks.stall_watchdog import add_to_every_fit
+
+            add_to_every_fit(stall_timeout)
+
+        when_imported("keras", watch_every_fit)
 
 
 def run_program(target: str, argv: Sequence[str], module: bool = False) -> None:

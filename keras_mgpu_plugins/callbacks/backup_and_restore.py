@@ -21,6 +21,8 @@ from keras_mgpu_plugins.io import async_writer, atomic, snapshots
 from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     CORRUPT,
     INCOMPLETE,
+    METADATA_NAME,
+    WEIGHTS_NAME,
     BackupNotSharedError,
     BackupState,
     check_shared,
@@ -30,6 +32,7 @@ from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     record,
     resolve,
     sha256,
+    way_out,
 )
 
 
@@ -107,8 +110,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         # Our own state, under the names and values Keras's __init__ gives them; every
         # Keras hook is overridden, so no Keras code reads them and we read none of Keras's.
-        self._weights_path = os.path.join(self.backup_dir, "latest.weights.h5")
-        self._training_metadata_path = os.path.join(self.backup_dir, "training_metadata.json")
+        self._weights_path = os.path.join(self.backup_dir, WEIGHTS_NAME)
+        self._training_metadata_path = os.path.join(self.backup_dir, METADATA_NAME)
         self._prev_weights_path = f"{self._weights_path}.bkp"
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
@@ -166,7 +169,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         )
         if here.spans_workers:
             check_shared(here.all_gather(encode(latest, previous)), self.backup_dir)
-        source = pick(latest, previous)
+        source = pick(latest, previous, self.backup_dir)
         if latest is INCOMPLETE:
             warnings.warn(
                 f"{type(self).__name__}: the first backup in {self.backup_dir!r} was "
@@ -177,12 +180,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         cause = self._load(self._weights_path, here) if source == "latest" else None
         if cause is not None:
             if not isinstance(previous, BackupState):
-                raise OSError(f"Unable to load the backup {self._weights_path}: {cause}")
+                raise OSError(f"Unable to load the backup {self._weights_path}: {cause}. "
+                              + way_out(self.backup_dir))
             source = "previous"
         if source == "previous":
             cause = self._load(self._prev_weights_path, here)
             if cause is not None:
-                raise OSError(f"Unable to load the backup {self._prev_weights_path}: {cause}")
+                raise OSError(f"Unable to load the backup {self._prev_weights_path}: "
+                              f"{cause}. " + way_out(self.backup_dir))
             here.together(  # as Keras: the previous backup becomes the latest
                 self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}"
             )

@@ -31,7 +31,7 @@ import keras
 from keras_mgpu_plugins import compat, runtime
 from keras_mgpu_plugins._progress import note_progress, paused  # noqa: F401 (public here)
 from keras_mgpu_plugins.callbacks import _stall
-from keras_mgpu_plugins.callbacks._stall_watch import STALL_EXIT_CODE, _Watch  # noqa: F401
+from keras_mgpu_plugins.callbacks._stall_watch import _ALONE, STALL_EXIT_CODE, _Watch  # noqa: F401
 
 #: Environment variable naming a folder shared by every worker of a job.
 JOB_DIR_ENV = "KMP_JOB_DIR"
@@ -49,7 +49,11 @@ class StallWatchdog(keras.callbacks.Callback):
     `kmp-launch` the launcher then stops the job and reports the stall; under
     another scheduler the non-zero exit marks the job failed. Tracing a
     `tf.function` (then its first run, up to `timeout` more) and checkpoint
-    writes pause the clock; evaluation batches count as progress. `kmp-launch --stall-timeout SECONDS` adds one to every `fit`.
+    writes pause the clock; evaluation batches count as progress. `kmp-launch` and
+    `kmp.launch` add one to every `fit` (`--stall-timeout SECONDS` / `stall_timeout=`;
+    600 s by default). A `fit` that runs no collective with other workers (its model
+    is under no strategy that spans them) is watched alone: its own progress only,
+    nothing compared or shared with the other workers.
 
     Args:
         timeout: Seconds without progress on any worker before the job fails.
@@ -93,23 +97,27 @@ class StallWatchdog(keras.callbacks.Callback):
         compat.set_async_safe(self, True)  # the batch hooks only assign two numbers
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._check_every_worker_has_one()
+        here = runtime.of(self.model)
+        spans = here.spans_workers  # else: no peer can hold this fit up; watched alone
+        if spans:
+            self._check_every_worker_has_one(here)
         note_progress()
-        self._start()
+        self._start(here.rank() if spans else _ALONE, self._directory(shared=spans))
 
-    def _directory(self) -> str | None:
-        if self.directory is None and os.environ.get(JOB_DIR_ENV):
+    def _directory(self, shared: bool = True) -> str | None:
+        """The heartbeat folder: `directory`, else (`shared`) the launcher's job folder."""
+        if self.directory is None and shared and os.environ.get(JOB_DIR_ENV):
             return os.path.join(os.environ[JOB_DIR_ENV], "stall_watchdog")
         return self.directory
 
-    def _check_every_worker_has_one(self) -> None:
+    def _check_every_worker_has_one(self, here: runtime.Runtime) -> None:
         """Raises on every worker with a watchdog if a worker has none, then compares settings.
 
         Out of band first (settings files in the heartbeat folder), because a
         collective that only the workers with a watchdog run would meet the
         other workers' first training step. Without a folder, nothing is compared.
         """
-        here, directory = runtime.of(self.model), self._directory()
+        directory = self._directory()
         num_workers = here.num_workers
         if num_workers == 1 or directory is None:
             return
@@ -124,9 +132,10 @@ class StallWatchdog(keras.callbacks.Callback):
             raise runtime.SettingsDifferError(
                 "StallWatchdog must run on every worker, or on none: worker(s) "
                 f"{', '.join(map(str, missing))} started no StallWatchdog within {wait_s:g} s "
-                f"of this worker's train begin (heartbeat folder {directory!r}). Pass "
-                "StallWatchdog(...) to fit on every worker (or use `kmp-launch "
-                "--stall-timeout SECONDS`, which adds one to every worker's fit).")
+                f"of this worker's train begin (heartbeat folder {directory!r}): it has none, "
+                "or it has not reached fit (stuck before training, or slower than timeout to "
+                "get there). Pass StallWatchdog(...) to fit on every worker (kmp-launch and "
+                "kmp.launch add one to every worker's fit).")
         # Every worker has one: each runs this collective, so it cannot meet a training step.
         here.same_settings({"timeout": self.timeout}, type(self).__name__)
 
@@ -154,12 +163,10 @@ class StallWatchdog(keras.callbacks.Callback):
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
         note_progress()
 
-    def _start(self) -> None:
+    def _start(self, rank: runtime.Rank, directory: str | None) -> None:
         self.on_train_end()  # a previous fit's thread, if fit raised before its end
         self._stop = threading.Event()
-        directory = self._directory()
-        watch = _Watch(self.timeout, self.poll_interval, directory, self._stop,
-                       runtime.of(self.model).rank())
+        watch = _Watch(self.timeout, self.poll_interval, directory, self._stop, rank)
         self._thread = threading.Thread(target=watch.run, name="kmp-stall-watchdog",
                                         daemon=True)
         self._thread.start()
@@ -172,7 +179,8 @@ _EVERY_FIT: dict[str, float] = {}
 def add_to_every_fit(timeout: float) -> None:
     """Makes every `keras.Model.fit` in this process run with `StallWatchdog(timeout)`.
 
-    Used by `kmp-launch --stall-timeout`; a `fit` given a watchdog of its own keeps it.
+    Used by the launcher's workers (`kmp-launch`, `kmp.launch`, see `run.prepare`); a
+    `fit` given a watchdog of its own keeps it.
     Applies the registered patch `stall_watchdog_on_every_fit` (`kmp.compat.PATCHES`);
     called again, the last timeout holds.
     """

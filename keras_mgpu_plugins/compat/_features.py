@@ -42,6 +42,23 @@ def _has(path: str) -> bool:
         return False
 
 
+def _defines(module: str, name: str) -> bool:
+    """Whether Keras's `module` defines `name` at its top level, read from its source (so a
+    JAX module's code is checked without JAX installed)."""
+    import importlib.util
+    import pathlib
+    import re
+
+    top, _, rest = module.partition(".")
+    spec = importlib.util.find_spec(top)  # the package alone: its submodules are not imported
+    if spec is None or not spec.origin:
+        return False
+    path = pathlib.Path(spec.origin).parent.joinpath(*rest.split(".")).with_suffix(".py")
+    if not path.is_file():
+        return False
+    return re.search(rf"^def {name}\(", path.read_text(encoding="utf-8"), re.M) is not None
+
+
 def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: str,
              present: object, upstream: str = _FIT, after: tuple[str, ...] = (),
              per_instance: bool = False) -> Patch:
@@ -61,6 +78,16 @@ FEATURES: tuple[Patch, ...] = (
         "creating a strategy that spans workers (kmp.parallelize, kmp-launch; on JAX, once "
         "kmp finds or starts jax.distributed over several processes)",
         lambda: _fit_takes("verbose")),
+    # Inside the same-callbacks check: that check compares the callbacks each worker was
+    # given, not the watchdog the launcher adds to every worker's fit alike.
+    _feature(
+        "stall_watchdog_on_every_fit",
+        "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
+        "a multi-worker job in which one worker hangs waits forever, silently: no worker "
+        "named, no stacks", ("keras.Model.fit",),
+        "in kmp-launch / kmp.launch workers, once Keras is imported (unless --stall-timeout 0 "
+        "/ stall_timeout=None)",
+        lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
     _feature(
         "same_callbacks_on_every_worker", "keras_mgpu_plugins._same_callbacks:wrap_fit",
         "a multi-worker job hangs (or fails with an unclear collective error) when workers are "
@@ -69,13 +96,7 @@ FEATURES: tuple[Patch, ...] = (
         "every worker (kmp: CSVLogger and TensorBoard on the chief only, Keras's ModelCheckpoint "
         "and BackupAndRestore refused on every worker before training)",
         ("keras.Model.fit",), "creating a strategy that spans workers (kmp.parallelize, "
-        "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("chief_only_progress_bars",)),
-    _feature(
-        "stall_watchdog_on_every_fit",
-        "keras_mgpu_plugins.callbacks.stall_watchdog:wrap_every_fit",
-        "kmp-launch --stall-timeout: a fit that hangs is never reported (no stacks, the job "
-        "waits forever)", ("keras.Model.fit",), "kmp-launch --stall-timeout, before the script",
-        lambda: _fit_takes("callbacks"), after=("same_callbacks_on_every_worker",)),
+        "kmp-launch; on JAX, once kmp finds or starts jax.distributed over several processes)", lambda: _fit_takes("callbacks"), after=("stall_watchdog_on_every_fit",)),
     _feature(
         "placed_model_clone_warning", "keras_mgpu_plugins.backends.tensorflow.model_parallel.factory:wrap_clone_model",
         "keras.models.clone_model of a model_parallel / hybrid model silently returns a model "
@@ -182,7 +203,7 @@ FEATURES: tuple[Patch, ...] = (
         "kmp.parallelize on the JAX backend (every model it builds; other models untouched)",
         lambda: _has("keras.src.trainers.trainer.Trainer.compile"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/"
-                 "trainer.py"),
+                 "trainer.py", after=("compile_adopts_state_made_outside",)),
     _feature(
         "jax_predict_outputs_gathered", "keras_mgpu_plugins.backends.jax.methods:gather_predictions",
         "JAX, several processes: predict raises 'Fetching value for jax.Array that spans "
@@ -198,7 +219,7 @@ FEATURES: tuple[Patch, ...] = (
         "predict(x_test) on an odd number of rows fails",
         ("keras.src.backend.jax.trainer._distribute_data",),
         "kmp.parallelize on the JAX backend (the first model it builds)",
-        lambda: _has("keras.src.backend.jax.trainer._distribute_data"),
+        lambda: _defines("keras.src.backend.jax.trainer", "_distribute_data"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/jax/"
                  "trainer.py"),
     _feature(

@@ -26,6 +26,8 @@ import numpy as np
 CORRUPT = "corrupt"
 #: A first backup interrupted before its weights were in place: no backup.
 INCOMPLETE = "incomplete"
+#: The files of the latest backup in `backup_dir` (Keras's names); the previous one adds `.bkp`.
+WEIGHTS_NAME, METADATA_NAME = "latest.weights.h5", "training_metadata.json"
 
 
 class BackupNotSharedError(RuntimeError):
@@ -83,23 +85,35 @@ def resolve(metadata: Any, digest: str | None) -> BackupState | str | None:
     return CORRUPT
 
 
-def pick(latest: BackupState | str | None, previous: BackupState | str | None) -> str | None:
+def pick(latest: BackupState | str | None, previous: BackupState | str | None,
+         backup_dir: str) -> str | None:
     """Which backup to restore: `"latest"`, `"previous"` (the `.bkp` files) or `None`.
 
     As Keras: nothing when there is no latest backup; the previous one when
     the latest is corrupt.
 
     Raises:
-        OSError: If the latest backup is corrupt and there is no valid previous one.
+        OSError: If the latest backup is corrupt and there is no valid previous one,
+            naming its files and how to train on (`way_out`).
     """
     if latest is None or latest is INCOMPLETE or isinstance(latest, BackupState):
         return "latest" if isinstance(latest, BackupState) else None
     if isinstance(previous, BackupState):
         return "previous"
+    weights = os.path.join(backup_dir, WEIGHTS_NAME)
     raise OSError(
-        "The backup is corrupt (its weights file does not match its metadata) and "
-        "there is no valid previous backup (double_checkpoint=True keeps one)."
+        f"The backup in backup_dir={backup_dir!r} is corrupt: its weights file {weights} "
+        f"does not match its metadata {os.path.join(backup_dir, METADATA_NAME)} (a file "
+        "truncated or overwritten), or the metadata cannot be read; and there is no valid "
+        f"previous backup ({weights}.bkp; double_checkpoint=True keeps one). "
+        + way_out(backup_dir)
     )
+
+
+def way_out(backup_dir: str) -> str:
+    """What to do about a backup that cannot be restored (the end of its error)."""
+    return (f"To train from scratch, delete {backup_dir} (or move it away to keep the files), "
+            "or pass another backup_dir.")
 
 
 def encode(*states: BackupState | str | None) -> np.ndarray:

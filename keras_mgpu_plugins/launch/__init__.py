@@ -29,11 +29,14 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from keras_mgpu_plugins.launch._common import (  # noqa: F401 - WORKER_ENV_VARS re-exported
+from keras_mgpu_plugins.launch._common import (  # noqa: F401 - re-exported
+    DEFAULT_STALL_TIMEOUT,
+    STALL_TIMEOUT_ENV,
     WORKER_ENV_VARS,
     _check_common,
     _run,
     _worker_environ,
+    resolve_stall_timeout,
 )
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
@@ -48,7 +51,8 @@ from keras_mgpu_plugins.launch._errors import (
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, timeout: float | None = None, *,
            create_strategy: bool = True, env: Mapping[str, str | None] | None = None,
-           output: str = "chief", log_dir: str | None = None) -> list[Any]:
+           output: str = "chief", log_dir: str | None = None,
+           stall_timeout: float | str | None = "auto") -> list[Any]:
     """Runs `fn(*args, **kwargs)` in `num_workers` fresh local worker processes.
 
     Each worker gets `TF_CONFIG` for a localhost cluster of `num_workers`
@@ -62,6 +66,12 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     `jax.distributed` there instead (the coordinator on worker 0's port, bound
     to 127.0.0.1), and `kmp.parallelize` distributes over every process.
 
+    No hang is silent: every `fit` in the workers runs with a
+    `kmp.callbacks.StallWatchdog(timeout=stall_timeout)` (one given to `fit` is
+    kept), so a job in which no worker progresses for that long fails with every
+    worker's Python stacks and the stuck one named. When `timeout` expires, the
+    error names the workers that had not finished and holds their stacks.
+
     `fn` travels with cloudpickle: lambdas, closures and functions defined in
     `__main__` or a notebook work; a function from an importable module is sent
     by reference and imported in the worker. The source of what travels by value
@@ -74,7 +84,9 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         num_workers: Number of worker processes, at least 1.
         args: Positional arguments for `fn`.
         kwargs: Keyword arguments for `fn`.
-        timeout: Seconds the whole run may take, or `None` for no limit.
+        timeout: Seconds the whole run may take, or `None` for no limit. At
+            expiry the workers still running print their Python stacks (in
+            the error) before they are stopped.
         create_strategy: Create the multi-worker strategy in each worker
             first. With `False`, the bootstrap imports no TensorFlow.
         env: Variables to set (or, with `None`, unset) in the workers.
@@ -84,17 +96,23 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
             progress bars. Every worker's output is in its log file either way.
         log_dir: Folder for the log files `worker-<i>.log` (default:
             `<tempdir>/kmp-launch-logs/<job id>`, kept after the run).
+        stall_timeout: Seconds without progress on every worker before the
+            `StallWatchdog` in each `fit` fails the job; `None` for no watchdog;
+            `"auto"`: `KMP_STALL_TIMEOUT` where set (`0`: none), else
+            `DEFAULT_STALL_TIMEOUT` (600 s, far above a first step's compilation).
 
     Returns:
         What `fn` returned in each worker, in worker order.
 
     Raises:
-        ValueError: For a bad `num_workers`, `timeout`, `env` or `output`.
+        ValueError: For a bad `num_workers`, `timeout`, `env`, `output` or
+            `stall_timeout`.
         TypeError: For a non-callable `fn` or `args`/`kwargs`/`env` of the wrong type.
         NotPicklableError: If `fn`, `args` or `kwargs` cannot be pickled
             (raised before any process starts).
         WorkerFailedError: If a worker fails; the others are stopped.
-        LaunchTimeoutError: If the run outlasts `timeout`.
+        LaunchTimeoutError: If the run outlasts `timeout`, naming the workers
+            still running, where each was, and their stacks.
 
     Example:
         >>> import keras_mgpu_plugins as kmp
@@ -111,9 +129,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
     environ = _worker_environ(env)
+    watchdog = resolve_stall_timeout(stall_timeout, environ)  # KMP_STALL_TIMEOUT: env's too
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
     spec = {"mode": "function", "sys_path": list(sys.path),
-            "create_strategy": bool(create_strategy)}
+            "create_strategy": bool(create_strategy), "stall_timeout": watchdog}
     return _run(spec, num_workers, timeout, environ, payload, output, log_dir)
 
 

@@ -14,7 +14,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from keras_mgpu_plugins.launch._common import _check_common, _run, _worker_environ
+from keras_mgpu_plugins.launch._common import (
+    DEFAULT_STALL_TIMEOUT,
+    STALL_TIMEOUT_ENV,
+    _check_common,
+    _run,
+    _worker_environ,
+    resolve_stall_timeout,
+)
 from keras_mgpu_plugins.launch._errors import LaunchError, LaunchTimeoutError, WorkerFailedError
 
 _CLI_DESCRIPTION = """\
@@ -46,31 +53,39 @@ they started) are stopped within seconds. The exit code is 0 when every worker
 succeeds, else the first failing worker's exit code (128+N if it was killed by
 signal N), 124 when --timeout expires, and 130 on Ctrl-C.
 
---stall-timeout SECONDS adds kmp.callbacks.StallWatchdog(timeout=SECONDS) to
-every model.fit in every worker (a fit that has its own keeps it): when no
-worker makes progress for that long, each prints its Python stacks and the
-job fails (exit code 70), naming the stuck worker."""
+No hang is silent: every model.fit in every worker runs with
+kmp.callbacks.StallWatchdog(timeout=SECONDS) (a fit that has its own keeps it):
+when no worker makes progress for that long, each prints its Python stacks and
+the job fails (exit code 70), naming the stuck worker. --stall-timeout SECONDS
+sets it (default: $KMP_STALL_TIMEOUT where set, else 600, far above a first
+step's compilation); --stall-timeout 0 runs no watchdog. When --timeout
+expires, the workers still running print their Python stacks, and the message
+names them."""
 
 _CLI_EPILOG = """\
 examples:
   kmp-launch -n 2 train.py --epochs 3
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
-  kmp-launch -n 2 --stall-timeout 300 train.py
+  kmp-launch -n 2 --stall-timeout 1800 train.py    # a first step that compiles for long
+  kmp-launch -n 2 --stall-timeout 0 train.py       # no StallWatchdog
   kmp-launch -n 2 --all-output --log-dir logs train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
 _VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout", "--log-dir")
 
 
-def _positive(kind: type, flag: str) -> Callable[[str], Any]:
+def _positive(kind: type, flag: str, zero: str = "") -> Callable[[str], Any]:
+    """A parser of positive numbers of `kind`; with `zero` (what 0 means), of 0 too."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or value <= 0:
+        if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
             what = "integer" if kind is int else "number"
-            raise argparse.ArgumentTypeError(f"must be a positive {what}. Received: {flag}={text}")
+            valid = f"a positive {what}" + (f", or 0 ({zero})" if zero else "")
+            raise argparse.ArgumentTypeError(f"must be {valid}. Received: {flag}={text}")
         return value
 
     return parse
@@ -87,11 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--num-workers", type=_positive(int, "-n"), default=2, metavar="N",
                         help="number of worker processes (default: 2)")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), metavar="SECONDS",
-                        help="stop every worker and exit with code 124 after this many seconds")
-    parser.add_argument("--stall-timeout", type=_positive(float, "--stall-timeout"),
+                        help="stop every worker and exit with code 124 after this many seconds, "
+                             "naming the workers still running, with their Python stacks")
+    parser.add_argument("--stall-timeout", type=_positive(float, "--stall-timeout",
+                                                          zero="no StallWatchdog"),
                         metavar="SECONDS",
-                        help="add kmp.callbacks.StallWatchdog(timeout=SECONDS) to every "
-                             "model.fit in every worker")
+                        help="the timeout of the kmp.callbacks.StallWatchdog added to every "
+                             f"model.fit in every worker (default: ${STALL_TIMEOUT_ENV} where "
+                             f"set, else {DEFAULT_STALL_TIMEOUT:g}); 0: no watchdog")
     parser.add_argument("--no-strategy", action="store_true",
                         help="do not create the multi-worker strategy before the script starts")
     parser.add_argument("--all-output", action="store_true",
@@ -144,12 +162,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kmp-launch: can't open file {options.script!r}: no such file. "
               f"Received: script={options.script!r}", file=sys.stderr)
         return 2
+    environ = _worker_environ(None)
+    try:
+        stall = options.stall_timeout
+        stall_timeout = resolve_stall_timeout("auto" if stall is None else stall or None, environ)
+    except ValueError as err:
+        print(f"kmp-launch: {err}", file=sys.stderr)
+        return 2
     spec = {"mode": "script" if options.module is None else "module",
             "target": options.script or options.module, "argv": [*options.args, *rest],
-            "create_strategy": not options.no_strategy, "stall_timeout": options.stall_timeout}
+            "create_strategy": not options.no_strategy, "stall_timeout": stall_timeout}
     try:
         _check_common(options.num_workers, options.timeout)
-        _run(spec, options.num_workers, options.timeout, _worker_environ(None),
+        _run(spec, options.num_workers, options.timeout, environ,
              output="all" if options.all_output else "chief", log_dir=options.log_dir)
     except WorkerFailedError as err:
         print(f"kmp-launch: {err.summary}", file=sys.stderr)

@@ -13,6 +13,15 @@ from keras_mgpu_plugins.launch._errors import LaunchError
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
                    "KMP_JOB_DIR")
 
+#: Seconds without progress on every worker after which the launcher's `StallWatchdog`
+#: fails the job, unless told otherwise. The examples' first steps (compilation included)
+#: took at most 1.8 s on a 2-core CPU (`benchmarks/first_step.py`, docs/launch.md): 600 s
+#: leaves a big model's compilation (minutes on a GPU) room, and is `StallWatchdog`'s own
+#: default.
+DEFAULT_STALL_TIMEOUT = 600.0
+#: The launcher's default stall timeout where set: seconds, or 0 for no watchdog.
+STALL_TIMEOUT_ENV = "KMP_STALL_TIMEOUT"
+
 
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
          payload: bytes | None = None, output: str = "chief",
@@ -57,3 +66,40 @@ def _worker_environ(env: Mapping[str, str | None] | None) -> dict[str, str]:
         else:
             environ[key] = value
     return environ
+
+
+def resolve_stall_timeout(stall_timeout: Any, environ: Mapping[str, str] | None = None) -> float | None:
+    """The `StallWatchdog` timeout of every `fit` in the workers, or `None` for none.
+
+    Args:
+        stall_timeout: Seconds (a positive number), `None` (no watchdog), or `"auto"`:
+            `KMP_STALL_TIMEOUT` where set (seconds; `0` for none), else
+            `DEFAULT_STALL_TIMEOUT`.
+        environ: Where `KMP_STALL_TIMEOUT` is read (default: `os.environ`).
+
+    Raises:
+        ValueError: For any other value, or a `KMP_STALL_TIMEOUT` that is not a number
+            of seconds at least 0.
+    """
+    if isinstance(stall_timeout, str) and stall_timeout == "auto":
+        text = (os.environ if environ is None else environ).get(STALL_TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_STALL_TIMEOUT
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(
+                f"{STALL_TIMEOUT_ENV} must be a number of seconds (0: no StallWatchdog). "
+                f"Received: {STALL_TIMEOUT_ENV}={text!r}")
+        return seconds or None
+    if stall_timeout is None:
+        return None
+    if (isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float))
+            or not math.isfinite(stall_timeout) or stall_timeout <= 0):
+        raise ValueError(
+            'stall_timeout must be a positive number of seconds, None (no StallWatchdog) or '
+            f'"auto" ({STALL_TIMEOUT_ENV} where set, else {DEFAULT_STALL_TIMEOUT:g}). '
+            f"Received: stall_timeout={stall_timeout!r}")
+    return float(stall_timeout)

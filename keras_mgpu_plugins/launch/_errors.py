@@ -62,15 +62,22 @@ class WorkerFailedError(LaunchError, RuntimeError):
 class LaunchTimeoutError(LaunchError, TimeoutError):
     """The run outlasted its timeout; every worker was stopped.
 
+    The message names the workers still running, where each one was (inside
+    TensorFlow or JAX, or the line of Python), and holds their Python stacks.
+
     Attributes:
         timeout: The timeout, in seconds.
         running_workers: Indices of the workers still running at expiry.
+        stacks: For each of them, the Python stacks of all its threads as it printed
+            them at expiry, or `None` if it did not answer (its Python was blocked).
     """
 
-    def __init__(self, message: str, *, timeout: float, running_workers: Sequence[int]) -> None:
+    def __init__(self, message: str, *, timeout: float, running_workers: Sequence[int],
+                 stacks: Mapping[int, str | None] | None = None) -> None:
         super().__init__(message)
         self.timeout = timeout
         self.running_workers = list(running_workers)
+        self.stacks = dict(stacks or {})
 
 
 # Tracebacks and pickles name them by their public module.

@@ -104,8 +104,10 @@ class _Worker:
         """The worker's report: exception type name, exception, wall time, traceback text."""
         record = _worker.read_error(self.error_path)
         if record is None and self.proc.returncode == STALL_EXIT_CODE:
+            verdict = None  # none in the job folder: a fit watched alone (no other worker's)
             with contextlib.suppress(OSError), open(self.stall_path) as f:
-                return "StallError", None, self.exited_at, f.read()
+                verdict = f.read()
+            return "StallError", None, self.exited_at, verdict
         return record if record is not None else (None, None, self.exited_at, None)
 
     def result(self) -> Any:

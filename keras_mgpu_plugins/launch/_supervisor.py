@@ -29,6 +29,7 @@ import uuid
 import warnings
 from typing import Any
 
+from keras_mgpu_plugins.launch import _stacks
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
@@ -41,6 +42,7 @@ from keras_mgpu_plugins.launch._tuning import worker_tuning
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
 _DRAIN_S = 10.0  # for the relays to pass on what the stopped workers wrote last
+_STACKS_S = 10.0  # for the workers still running at the timeout to print their stacks
 
 
 def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
@@ -138,7 +140,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
         workers.append(_Worker(index, proc, spec_path, job_dir,
                                os.path.join(log_dir, f"worker-{index}.log"),
                                shown=output == "all" or index == 0))
-    _supervise(workers, timeout, payload is not None, interrupted)
+    _supervise(workers, timeout, payload is not None, interrupted, job_dir)
     _stop(workers)
     _raise_first_failure(workers, payload is not None)
     return [w.result() for w in workers] if payload is not None else [None] * num_workers
@@ -161,12 +163,13 @@ def free_ports(n: int) -> list[int]:
 
 
 def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool,
-               interrupted: threading.Event | None = None) -> None:
+               interrupted: threading.Event | None = None, job_dir: str | None = None) -> None:
     """Waits until every worker is done, one fails, the timeout expires, or Ctrl-C.
 
     Raises:
         KeyboardInterrupt: When `interrupted` is set (the caller stops the workers).
-        LaunchTimeoutError: When the timeout expires (the workers are stopped).
+        LaunchTimeoutError: When the timeout expires (the workers still running are
+            asked for their stacks through `job_dir`, then every worker is stopped).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -184,14 +187,36 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
         if all(done):
             return
         if deadline is not None and time.monotonic() >= deadline:
-            running = [w.index for w, d in zip(workers, done, strict=True) if not d]
-            _stop(workers)
-            raise LaunchTimeoutError(
-                f"The run did not finish within timeout={timeout!r} seconds; workers "
-                f"{running} were still running. All workers were stopped.",
-                timeout=timeout, running_workers=running,
-            )
+            _time_out(workers, [w.index for w, d in zip(workers, done, strict=True) if not d],
+                      timeout, job_dir)
         time.sleep(_POLL_S)
+
+
+def _time_out(workers: list[_Worker], running: list[int], timeout: float,
+              job_dir: str | None) -> None:
+    """Asks the workers still running where they are, stops every worker, and raises.
+
+    Raises:
+        LaunchTimeoutError: Naming the workers still running, where each was, with their
+            Python stacks.
+    """
+    answers = _stacks.ask(job_dir, running, _STACKS_S) if job_dir else {}
+    _stop(workers)
+    finished = [w.index for w in workers if w.index not in running]
+    message = (f"The run did not finish within timeout={timeout!r} seconds: "
+               f"{_named(running)} of {len(workers)} had not finished"
+               + (f" ({_named(finished)} had)" if finished else "")
+               + ". All workers were stopped.")
+    if answers:
+        message += "\n" + _stacks.describe(answers, len(workers), _STACKS_S)
+    raise LaunchTimeoutError(
+        message, timeout=timeout, running_workers=running,
+        stacks={i: a and a["stacks"] for i, a in answers.items()})
+
+
+def _named(indices: list[int]) -> str:
+    """`"worker 1"`, `"workers 0, 1"`."""
+    return f"worker{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
 
 
 def _stop(workers: list[_Worker]) -> None:
@@ -257,8 +282,9 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
 def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool) -> str:
     """How worker `w` failed, e.g. "raised ValueError (exit code 1)"."""
     code = w.proc.returncode
-    if raised == "StallError" and text:  # the watchdog's verdict, first line
-        return f"was stopped by StallWatchdog (exit code {code}): {text.splitlines()[0]}"
+    if raised == "StallError":  # the watchdog's verdict, first line, where it was shared
+        verdict = f": {text.splitlines()[0]}" if text else " (its output has the verdict)"
+        return f"was stopped by StallWatchdog (exit code {code}){verdict}"
     if raised is not None and raised != "SystemExit":
         return f"raised {raised} (exit code {code})"
     if code is not None and code < 0:

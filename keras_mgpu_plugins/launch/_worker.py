@@ -4,14 +4,16 @@ Started by the launcher as ``python -m keras_mgpu_plugins.launch._worker SPEC IN
 in its own session, with `TF_CONFIG` already in its environment. In order, it:
 
 1. watches its parent and, if the parent dies, kills its own process group
-   (itself and anything it started), so a dead launcher leaves no orphans;
+   (itself and anything it started), so a dead launcher leaves no orphans; the
+   same thread answers the launcher's request for this worker's Python stacks
+   when the run's timeout expires (`launch._stacks`);
 2. reads the launch spec (plain pickle of built-in types: no user module is
    imported yet) and sets `sys.path` / `sys.argv` as the parent asks;
 3. creates the multi-worker strategy when the job has several workers and the
    launcher asks for it: TensorFlow requires collective ops to be configured
    before its runtime starts, i.e. before any user code can run an op;
-   then, for `kmp-launch --stall-timeout`, makes every `fit` get a
-   `StallWatchdog`;
+   then, unless the launcher was told otherwise, makes every `fit` get a
+   `StallWatchdog` once Keras is imported;
 4. runs the user's code (a cloudpickled function, a script or a module) and
    writes the outcome to a private file beside the spec: the function's value,
    or the exception with its traceback text and the time it happened.
@@ -29,6 +31,7 @@ import threading
 import time
 
 from keras_mgpu_plugins.io import atomic  # the package's one atomic writer (no backend)
+from keras_mgpu_plugins.launch import _stacks
 from keras_mgpu_plugins.launch._exit import _exit_after_failure, _user_traceback
 
 #: Seconds between two checks that the launcher is still alive.
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_path, index = argv[0], int(argv[1])
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
-    _watch_parent(spec["parent_pid"])
+    _watch_parent(spec["parent_pid"], os.environ.get("KMP_JOB_DIR"), index)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # lines reach the launcher as they are printed
             stream.reconfigure(line_buffering=True)
@@ -120,7 +123,7 @@ def _run_program(spec: dict, out: str) -> int:
 
 def _maybe_create_strategy(spec: dict) -> None:
     # Before any user code, because TensorFlow can configure collective ops only
-    # before its runtime starts; then kmp-launch --stall-timeout's watchdog.
+    # before its runtime starts; then the launcher's StallWatchdog.
     from keras_mgpu_plugins.run import prepare
 
     prepare(create_strategy=spec["create_strategy"] and spec["num_workers"] > 1,
@@ -176,10 +179,18 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, job_dir: str | None = None, index: int = 0) -> None:
     def watch() -> None:
+        answered = job_dir is None
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL_INTERVAL)
+            if not answered:  # the run's timeout expired: the launcher asks for our stacks
+                try:
+                    answered = _stacks.answer_if_asked(job_dir, index)
+                except Exception as err:  # noqa: BLE001 - this thread must go on watching
+                    answered = True
+                    print(f"kmp.launch: worker {index} could not write its stacks: {err}",
+                          file=sys.stderr)
         if os.getpgrp() == os.getpid():  # we lead our group: take our children with us
             os.killpg(os.getpid(), signal.SIGKILL)
         os._exit(1)

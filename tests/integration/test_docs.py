@@ -1,16 +1,19 @@
 """The documentation builds, and what it names exists.
 
-The site is built with `mkdocs build --strict` (every link resolves, every
-API-reference entry imports); the Python in the pages parses; every `kmp.` name a
-page mentions is part of the package; every example is listed.
+The site is built with `mkdocs build --strict`, not `--quiet`, and prints no warning
+(every link and anchor resolves, every API-reference entry imports), and a dead anchor
+does fail that build; the Python in the pages parses; every `kmp.` name a page mentions
+is part of the package; every example is listed.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -27,16 +30,47 @@ def _blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
 
 
+def _build(config: pathlib.Path, site: pathlib.Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of `config`, never with `--quiet`: that option drops the
+    warnings which `--strict` counts, and a broken link then builds (exit code 0)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=280,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+def _warnings(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (done.stdout + done.stderr).splitlines() if "WARNING" in line]
+
+
+needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                                  reason='mkdocs is not installed (pip install -e ".[docs]")')
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
-                    reason='mkdocs is not installed (pip install -e ".[docs]")')
-def test_site_builds_strict(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=280)
+@needs_mkdocs
+def test_site_builds_strict_without_a_warning(tmp_path):
+    done = _build(REPO_ROOT / "mkdocs.yml", tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert _warnings(done) == []
     assert (tmp_path / "index.html").exists()
     assert (tmp_path / "api" / "callbacks" / "index.html").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@needs_mkdocs
+def test_a_dead_anchor_fails_the_strict_build(tmp_path):
+    """The check above can fail: a copy of the site with one link to a missing anchor."""
+    copy = tmp_path / "repo"
+    shutil.copytree(DOCS, copy / "docs")
+    shutil.copy(REPO_ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    with open(copy / "docs" / "index.md", "a") as page:
+        page.write("\nSee [a dead anchor](troubleshooting.md#no-such-heading).\n")
+    done = _build(copy / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0
+    assert any("#no-such-heading" in line for line in _warnings(done)), done.stderr[-3000:]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("yaml") is None, reason="needs PyYAML to read mkdocs.yml")

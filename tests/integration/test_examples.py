@@ -252,6 +252,7 @@ def test_ray_train_without_ray_names_the_extra_to_install(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
-        "examples/ray_train.py needs Ray Train (import of ray halted; None in sys.modules). "
-        'Install it with: pip install "keras_mgpu_plugins[ray]"'), done.stderr[-2000:]
+        "examples/ray_train.py needs Ray Train and TensorFlow (import of ray halted; None in "
+        "sys.modules): Ray's TensorflowTrainer runs TensorFlow in each worker. Install both "
+        'with: pip install "keras_mgpu_plugins[tensorflow,ray]"'), done.stderr[-2000:]
     assert "Traceback" not in done.stderr

@@ -25,7 +25,7 @@ import pytest
 pytestmark = [
     pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600),
     pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                       reason='Ray is not installed: pip install "keras_mgpu_plugins[ray]"'),
+                       reason='Ray is not installed: pip install "keras_mgpu_plugins[tensorflow,ray]"'),
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -45,13 +45,15 @@ def reference_weights(epochs=EPOCHS):
 
 
 def record_writes():
-    """Every path this process writes through kmp's atomic writer."""
+    """Every path this process writes through kmp's atomic writer (outside the launcher's job
+    folder, where the launcher's StallWatchdog keeps its heartbeats)."""
     from keras_mgpu_plugins.io import atomic as _atomic
 
-    writes, real = [], _atomic.atomic_write
+    writes, real, job_dir = [], _atomic.atomic_write, os.environ.get("KMP_JOB_DIR")
 
     def recording(path, write, suffix=""):
-        writes.append(os.path.basename(path))
+        if not (job_dir and path.startswith(job_dir)):
+            writes.append(os.path.basename(path))
         return real(path, write, suffix)
 
     _atomic.atomic_write = recording

@@ -228,9 +228,34 @@ def test_truncated_backup_without_a_previous_one_raises(tmp_path):
     size = os.path.getsize(backup._weights_path)
     with open(backup._weights_path, "r+b") as f:
         f.truncate(size // 2)
-    with pytest.raises(OSError, match="no valid previous backup"):
+    with pytest.raises(OSError, match="no valid previous backup") as err:
         canary_model().fit(x, y, batch_size=4, epochs=4, verbose=0,
                            callbacks=[BackupAndRestore(str(tmp_path))])
+    assert f"its weights file {backup._weights_path} does not match" in str(err.value)
+    assert str(err.value).endswith(f"To train from scratch, delete {tmp_path} (or move it "
+                                   "away to keep the files), or pass another backup_dir.")
+
+
+def test_a_backup_that_cannot_be_loaded_names_the_file_the_cause_and_the_way_out(tmp_path):
+    """Weights that match their metadata but are no HDF5 file: the load itself fails."""
+    from keras_mgpu_plugins.io.backup_state import sha256
+
+    model, (x, y) = canary_model(), data()
+    backup = BackupAndRestore(str(tmp_path))
+    with pytest.raises(RuntimeError):
+        model.fit(x, y, batch_size=4, epochs=6, verbose=0, callbacks=[backup, Interrupt(epochs=2)])
+    with open(backup._weights_path, "wb") as f:
+        f.write(b"not an HDF5 file")
+    with open(backup._training_metadata_path) as f:
+        metadata = json.load(f)
+    with open(backup._training_metadata_path, "w") as f:
+        json.dump({**metadata, "weights_sha256": sha256(backup._weights_path)}, f)
+    with pytest.raises(OSError) as err:
+        canary_model().fit(x, y, batch_size=4, epochs=4, verbose=0,
+                           callbacks=[BackupAndRestore(str(tmp_path))])
+    assert str(err.value).startswith(f"Unable to load the backup {backup._weights_path}: ")
+    assert str(err.value).endswith(f"To train from scratch, delete {tmp_path} (or move it "
+                                   "away to keep the files), or pass another backup_dir.")
 
 
 # --- 2 replicas ---------------------------------------------------------------------

@@ -386,7 +386,10 @@ def test_timeout_stops_every_worker(tmp_path):
     err = info.value
     assert isinstance(err, TimeoutError)
     assert (err.timeout, err.running_workers) == (1.5, [0, 1])
-    assert "timeout=1.5" in str(err) and "[0, 1]" in str(err)
+    assert str(err).startswith("The run did not finish within timeout=1.5 seconds: workers 0, 1 "
+                               "of 2 had not finished. All workers were stopped.\n  worker 0: ")
+    assert sorted(err.stacks) == [0, 1]  # as each printed them before it was stopped
+    assert all("(MainThread), most recent call first:" in text for text in err.stacks.values())
     assert all(_gone(pid) for pid in _pids(tmp_path).values())
 
 

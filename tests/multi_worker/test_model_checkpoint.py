@@ -1,8 +1,8 @@
 """`kmp.callbacks.ModelCheckpoint` with 2 real workers (`kmp.launch`), one shared folder.
 
 Both workers run the same callback on the same `filepath`. Only the chief
-writes (every call of the atomic writer is recorded in each process, and the
-folder holds each checkpoint once); the other worker reads the variables and
+writes (every call of the atomic writer for a path in the folder is recorded in
+each process, and the folder holds each checkpoint once); the other worker reads the variables and
 leaves nothing behind, neither beside the checkpoints nor in its temporary
 folder. When the monitored value differs between workers (a log entry no one
 reduces), both take the chief's decision. A folder the chief cannot write, or
@@ -41,7 +41,8 @@ def train(folder, filepath, chief_values, other_values, template=False, **kwargs
     real_write = atomic.atomic_write
 
     def recording_write(path, write, suffix=""):
-        writes.append(path)
+        if path.startswith(folder):  # not the launcher's StallWatchdog heartbeats
+            writes.append(path)
         return real_write(path, write, suffix)
 
     atomic.atomic_write = recording_write

@@ -55,15 +55,19 @@ print("fit returned", flush=True)
 """
 
 
-def _launch(tmp_path, script_text, stall_timeout):
-    """Runs a script on 2 workers under `kmp-launch --stall-timeout`; (exit code, output, end)."""
+def _launch(tmp_path, script_text, stall_timeout, options=("--timeout", "240", "--all-output"),
+            env=None):
+    """Runs a script on 2 workers under `kmp-launch --stall-timeout` (with `stall_timeout=None`,
+    the launcher's default); (exit code, output, end)."""
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent(script_text))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**{k: v for k, v in os.environ.items() if k != "KMP_STALL_TIMEOUT"},
+           "PYTHONPATH": os.pathsep.join(
+               filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])), **(env or {})}
+    stall = [] if stall_timeout is None else ["--stall-timeout", str(stall_timeout)]
     done = subprocess.run(
-        [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2", "--timeout", "240",
-         "--all-output", "--stall-timeout", str(stall_timeout), str(script)],
+        [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2", *options, *stall,
+         str(script)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     return done.returncode, done.stdout + done.stderr, time.time()
 
@@ -91,6 +95,37 @@ def test_a_hang_on_worker_1_fails_the_job_with_both_stacks(tmp_path):
             or "kmp-launch: worker 1 of 2 was stopped by StallWatchdog (exit code 70)" in out)
 
 
+def test_a_hang_fails_the_job_by_default_naming_the_stuck_worker_with_its_stack(tmp_path):
+    """No --stall-timeout: the launcher's default watchdog, its timeout test-sized through
+    KMP_STALL_TIMEOUT (the default's own source, else 600 s)."""
+    returncode, out, _ = _launch(tmp_path, HANG_SCRIPT, None, env={"KMP_STALL_TIMEOUT": "10"})
+    assert returncode == 70, out[-3000:]
+    assert "fit returned" not in out
+    assert ("StallWatchdog: no worker made progress for 10 seconds (timeout=10); "
+            "stuck: worker 1\n") in out, out[-3000:]
+    assert re.search(r"\[worker 1\]   File \".*hang.py\", line \d+ in sleep_forever_in_epoch_end",
+                     out)
+    assert re.search(r"kmp-launch: worker [01] of 2 was stopped by StallWatchdog \(exit code 70\)",
+                     out)
+
+
+def test_timeout_names_the_stuck_worker_and_prints_its_stack(tmp_path):
+    """No watchdog (--stall-timeout 0): --timeout ends the hang. Worker 1's output is not
+    shown (worker 0's only), yet its stack is in the launcher's message."""
+    returncode, out, _ = _launch(tmp_path, HANG_SCRIPT, 0, options=("--timeout", "45"))
+    assert returncode == 124, out[-3000:]
+    assert ("kmp-launch: The run did not finish within timeout=45.0 seconds: workers 0, 1 of 2 "
+            "had not finished. All workers were stopped.\n") in out, out[-3000:]
+    assert re.search(r"\n  worker 0: inside TensorFlow at .*called from <module> "
+                     r"\(.*hang.py:\d+\)\n", out), out[-3000:]
+    assert re.search(r"\n  worker 1: in sleep_forever_in_epoch_end \(.*hang.py:\d+\)\n", out)
+    assert "\n  Likely stuck: worker 1, outside TensorFlow and JAX" in out
+    assert "\nPython stacks of worker 1 of 2 (all threads):\n" in out
+    assert re.search(r"\[worker 1\]   File \".*hang.py\", line \d+ in sleep_forever_in_epoch_end",
+                     out)
+    assert "StallWatchdog" not in out
+
+
 def test_a_hang_in_a_batch_hook_is_caught_while_the_other_waits_in_the_train_step(tmp_path):
     """Worker 0 waits inside the compiled train step (a `tf.function` call, not tracing)."""
     script = HANG_SCRIPT.replace("def on_epoch_end(self, epoch, logs=None):",
@@ -102,6 +137,31 @@ def test_a_hang_in_a_batch_hook_is_caught_while_the_other_waits_in_the_train_ste
             "stuck: worker 1\n") in out, out[-3000:]
     assert re.search(r"\[worker 0\]   worker 0: waiting inside TensorFlow at ", out)
     assert re.search(r"\[worker 0\]   worker 1: stuck in sleep_forever_in_epoch_end", out)
+
+
+def fit_on_worker_0_only():
+    import keras
+    import numpy as np
+
+    from keras_mgpu_plugins._progress import clock
+
+    if kmp.topology().worker_index == 1:
+        return "no fit"
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # under no strategy
+    model.compile("sgd", "mse")
+    x = np.ones((16, 4), "float32")
+    started = time.monotonic()
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0)
+    return time.monotonic() - started, clock.count
+
+
+def test_a_fit_that_spans_no_workers_is_watched_alone():
+    """The launcher's watchdog is in the fit (its hooks counted progress), and does not wait
+    for worker 1, which runs no fit: no collective joins the two, so no peer can stall it."""
+    (took, progress), other = kmp.launch(fit_on_worker_0_only, num_workers=2,
+                                         create_strategy=False, stall_timeout=20, timeout=120)
+    assert other == "no fit"
+    assert progress >= 2 * 2 + 2 * 2 and took < 20, (took, progress)
 
 
 #: Seconds the train step takes to trace in `fit_then_differ`: 4 s above its watchdog's timeout.

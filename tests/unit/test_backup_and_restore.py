@@ -56,8 +56,8 @@ def test_weights_without_metadata_load_and_keep_the_epoch_as_keras():
 def test_killed_during_the_first_backup_is_no_backup():
     # The chief replaced the metadata of the first backup, and died before the weights.
     assert resolve(meta(1, A), None) is INCOMPLETE
-    assert pick(INCOMPLETE, None) is None  # start from scratch, not "corrupt"
-    assert pick(INCOMPLETE, BackupState(0, 0, B)) is None
+    assert pick(INCOMPLETE, None, "b") is None  # start from scratch, not "corrupt"
+    assert pick(INCOMPLETE, BackupState(0, 0, B), "b") is None
 
 
 @pytest.mark.parametrize("metadata", [meta(2, B, previous=meta(1, A)), {"epoch": 2}, CORRUPT])
@@ -72,13 +72,26 @@ def test_malformed_metadata_is_corrupt(metadata):
 
 def test_pick_follows_keras():
     latest, previous = BackupState(3, 0, A), BackupState(2, 0, B)
-    assert pick(latest, previous) == "latest"
-    assert pick(None, previous) is None  # Keras ignores *.bkp without a latest backup
-    assert pick(CORRUPT, previous) == "previous"
+    assert pick(latest, previous, "b") == "latest"
+    assert pick(None, previous, "b") is None  # Keras ignores *.bkp without a latest backup
+    assert pick(CORRUPT, previous, "b") == "previous"
     with pytest.raises(OSError, match="no valid previous backup"):
-        pick(CORRUPT, None)
+        pick(CORRUPT, None, "b")
     with pytest.raises(OSError):
-        pick(CORRUPT, CORRUPT)
+        pick(CORRUPT, CORRUPT, "b")
+
+
+def test_a_corrupt_backup_names_its_files_and_the_way_out():
+    with pytest.raises(OSError) as err:
+        pick(CORRUPT, None, "/runs/backup")
+    assert str(err.value) == (
+        "The backup in backup_dir='/runs/backup' is corrupt: its weights file "
+        "/runs/backup/latest.weights.h5 does not match its metadata "
+        "/runs/backup/training_metadata.json (a file truncated or overwritten), or the "
+        "metadata cannot be read; and there is no valid previous backup "
+        "(/runs/backup/latest.weights.h5.bkp; double_checkpoint=True keeps one). To train "
+        "from scratch, delete /runs/backup (or move it away to keep the files), or pass "
+        "another backup_dir.")
 
 
 def test_encode_is_exact_and_distinguishes_digests():

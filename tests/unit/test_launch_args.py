@@ -40,6 +40,14 @@ def test_num_workers_must_be_a_positive_int(value):
         ({"env": {"A": 1}}, TypeError, "str to str or None. Received: env['A']=1"),
         ({"env": {"TF_CONFIG": "{}"}}, ValueError, "env may not set TF_CONFIG"),
         ({"env": {"KMP_WORKER_INDEX": "3"}}, ValueError, "env may not set KMP_WORKER_INDEX"),
+        ({"stall_timeout": 0}, ValueError,
+         'stall_timeout must be a positive number of seconds, None (no StallWatchdog) or "auto" '
+         "(KMP_STALL_TIMEOUT where set, else 600). Received: stall_timeout=0"),
+        ({"stall_timeout": "never"}, ValueError, "Received: stall_timeout='never'"),
+        ({"stall_timeout": True}, ValueError, "Received: stall_timeout=True"),
+        ({"env": {"KMP_STALL_TIMEOUT": "soon"}}, ValueError,
+         "KMP_STALL_TIMEOUT must be a number of seconds (0: no StallWatchdog). "
+         "Received: KMP_STALL_TIMEOUT='soon'"),
     ],
 )
 def test_bad_arguments_are_named_with_their_value(kwargs, error, message):
@@ -47,6 +55,60 @@ def test_bad_arguments_are_named_with_their_value(kwargs, error, message):
     with pytest.raises(error) as info:
         launch_module.launch(kwargs.pop("fn"), **kwargs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, 600.0),  # no hang is silent: launch.DEFAULT_STALL_TIMEOUT
+    ({"stall_timeout": 30}, 30.0),
+    ({"stall_timeout": None}, None),  # no watchdog
+    ({"env": {"KMP_STALL_TIMEOUT": "7"}}, 7.0),  # the workers' environment sets the default
+    ({"env": {"KMP_STALL_TIMEOUT": "0"}}, None),
+    ({"env": {"KMP_STALL_TIMEOUT": "7"}, "stall_timeout": 30}, 30.0),
+])
+def test_every_fit_gets_a_stall_watchdog_unless_told_not_to(monkeypatch, kwargs, expected):
+    monkeypatch.delenv("KMP_STALL_TIMEOUT", raising=False)
+    seen = []
+    monkeypatch.setattr(launch_module, "_run", lambda spec, *args: seen.append(spec) or [None])
+    launch_module.launch(print, num_workers=1, **kwargs)
+    assert seen[0]["stall_timeout"] == expected
+
+
+def stuck_where_the_test_can_see_it(job_dir):
+    return launch_module._stacks.ask(job_dir, [0, 1], wait_s=3)
+
+
+def test_stacks_are_asked_for_and_answered_through_the_job_folder(tmp_path):
+    """Worker 0's watch thread answers (here a thread of this process); worker 1 never does."""
+    import threading
+    import time
+
+    from keras_mgpu_plugins.launch import _stacks
+
+    def worker_0_watch():
+        deadline = time.monotonic() + 10
+        while not _stacks.answer_if_asked(str(tmp_path), 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    watch = threading.Thread(target=worker_0_watch)
+    watch.start()
+    answers = stuck_where_the_test_can_see_it(str(tmp_path))
+    watch.join(10)
+    assert answers[1] is None and answers[0]["inside"] is False
+    assert answers[0]["where"].startswith("in stuck_where_the_test_can_see_it (")
+    lines = _stacks.describe(answers, 2, 3).splitlines()
+    assert lines[0].startswith("  worker 0: in stuck_where_the_test_can_see_it (")
+    assert lines[1] == ("  worker 1: did not answer within 3 s (its Python is blocked: a native "
+                        "call holding the GIL, or the process is stopped)")
+    assert lines[2] == "Python stacks of worker 0 of 2 (all threads):"  # no one is inside
+    assert lines[3].startswith("[worker 0] Thread 0x")
+    assert any(line.startswith("[worker 0] Thread 0x") and "(MainThread)" in line for line in lines)
+    assert any(line.endswith("in stuck_where_the_test_can_see_it") for line in lines)
+    waiting = {**answers, 0: {**answers[0], "inside": True, "where": "inside TensorFlow at x"}}
+    lines = _stacks.describe(waiting, 2, 3).splitlines()
+    assert lines[:3] == [
+        "  worker 0: inside TensorFlow at x", lines[1],
+        "  Likely stuck: worker 1, outside TensorFlow and JAX while the others wait inside (for "
+        "it, in a collective)."]
 
 
 def test_kwargs_that_cannot_be_pickled_are_named():

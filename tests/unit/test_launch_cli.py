@@ -18,6 +18,7 @@ def no_workers(monkeypatch):
         raise AssertionError("no worker may start in these tests")
 
     monkeypatch.setattr(cli_module, "_run", fail)
+    monkeypatch.delenv("KMP_STALL_TIMEOUT", raising=False)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,7 @@ def test_help_documents_the_options(capsys):
     for text in ("-n N", "--timeout SECONDS", "--no-strategy", "-m module", "[worker i]",
                  "TF_CONFIG", "KMP_WORKER_INDEX", "124", "--stall-timeout SECONDS",
                  "StallWatchdog(timeout=SECONDS)", "KMP_JOB_DIR", "exit code 70",
+                 "No hang is silent", "$KMP_STALL_TIMEOUT", "else 600", "--stall-timeout 0",
                  "--all-output", "--log-dir DIR", "kmp-launch-logs/<job id>/worker-<i>.log"):
         assert text in out
 
@@ -57,9 +59,10 @@ def test_help_documents_the_options(capsys):
         (["--timeout", "-1", "t.py"], "must be a positive number. Received: --timeout=-1"),
         (["--timeout", "nan", "t.py"], "must be a positive number. Received: --timeout=nan"),
         (["-n", "2"], "give exactly one of a script or -m module"),
-        (["--stall-timeout", "0", "t.py"], "must be a positive number. Received: --stall-timeout=0"),
+        (["--stall-timeout", "-1", "t.py"],
+         "must be a positive number, or 0 (no StallWatchdog). Received: --stall-timeout=-1"),
         (["--stall-timeout", "soon", "t.py"],
-         "must be a positive number. Received: --stall-timeout=soon"),
+         "must be a positive number, or 0 (no StallWatchdog). Received: --stall-timeout=soon"),
     ],
 )
 def test_usage_errors_exit_2_and_say_what_is_valid(capsys, argv, message):
@@ -101,7 +104,38 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
     assert "kmp-launch: worker 1 of 2 exited with code 5." in capsys.readouterr().err
     assert seen[0] == (
         {"mode": "script", "target": str(script), "argv": ["a"], "create_strategy": True,
-         "stall_timeout": None}, 3, 9.0)
+         "stall_timeout": 600.0}, 3, 9.0)  # no hang is silent: the default watchdog
     assert seen[-1] == (
         {"mode": "module", "target": "pkg.mod", "argv": ["b"], "create_strategy": False,
          "stall_timeout": 30.0}, 2, None)
+
+
+@pytest.mark.parametrize("argv, env, expected", [
+    ([], None, 600.0),  # launch.DEFAULT_STALL_TIMEOUT
+    (["--stall-timeout", "45"], None, 45.0),
+    (["--stall-timeout", "0"], None, None),  # no watchdog
+    ([], "12.5", 12.5),  # KMP_STALL_TIMEOUT: the default, where set
+    ([], "0", None),
+    (["--stall-timeout", "45"], "12.5", 45.0),  # the option wins
+])
+def test_every_fit_gets_a_stall_watchdog_unless_told_not_to(monkeypatch, tmp_path, argv, env,
+                                                             expected):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    if env is not None:
+        monkeypatch.setenv("KMP_STALL_TIMEOUT", env)
+    seen = []
+    monkeypatch.setattr(cli_module, "_run", lambda spec, *args, **kwargs: seen.append(spec))
+    assert main([*argv, str(script)]) == 0
+    assert seen[0]["stall_timeout"] == expected
+
+
+@pytest.mark.parametrize("value", ["soon", "-5", "inf"])
+def test_a_bad_kmp_stall_timeout_exits_2_naming_it(monkeypatch, capsys, tmp_path, value):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    monkeypatch.setenv("KMP_STALL_TIMEOUT", value)
+    assert main([str(script)]) == 2
+    assert capsys.readouterr().err == (
+        "kmp-launch: KMP_STALL_TIMEOUT must be a number of seconds (0: no StallWatchdog). "
+        f"Received: KMP_STALL_TIMEOUT={value!r}\n")

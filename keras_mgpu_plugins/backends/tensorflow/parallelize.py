@@ -14,6 +14,9 @@ def parallelize(factory: Callable[..., Any] | None, *, strategy: Any, devices: A
                 require_compiled: bool, micro_batches: int | None,
                 sync_batchnorm: bool) -> Any:
     """`kmp.parallelize` on TensorFlow (arguments checked and documented there)."""
+    if isinstance(strategy, str) and strategy not in _strategy.PARALLELIZE_NAMES:
+        raise ValueError(f"strategy must be one of {list(_strategy.PARALLELIZE_NAMES)} or a "
+                         f"tf.distribute.Strategy instance. Received: strategy={strategy!r}")
     if strategy == "model_parallel":
         if sync_batchnorm:
             raise ValueError(
@@ -44,7 +47,7 @@ def parallelize(factory: Callable[..., Any] | None, *, strategy: Any, devices: A
                 f"resolves to {name!r}. Received: devices={list(devices)!r}"
             )
     else:
-        _strategy.check_instance(strategy, devices)
+        _strategy.check_instance(strategy, devices, _strategy.PARALLELIZE_NAMES)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)

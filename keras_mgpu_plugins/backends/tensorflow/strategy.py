@@ -18,6 +18,9 @@ from keras_mgpu_plugins.backends.tensorflow import rank as _rank
 from keras_mgpu_plugins.cluster.topology import Topology, topology
 
 STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default")
+#: What `@kmp.parallelize(strategy=...)` takes by name on TensorFlow: the names above, and
+#: the two that place the model over devices (`backends.tensorflow.parallelize`).
+PARALLELIZE_NAMES = (*STRATEGY_NAMES, "model_parallel", "hybrid")
 
 _lock = threading.Lock()
 _strategies: dict[tuple, Any] = {}
@@ -148,15 +151,19 @@ def hybrid_strategy() -> Any:
     return strategy
 
 
-def check_instance(spec: Any, devices: Sequence[str] | None) -> None:
-    """Raises unless `spec` is a `tf.distribute.Strategy` instance given without `devices`."""
+def check_instance(spec: Any, devices: Sequence[str] | None,
+                   names: Sequence[str] = STRATEGY_NAMES) -> None:
+    """Raises unless `spec` is a `tf.distribute.Strategy` instance given without `devices`.
+
+    The error lists `names` as the valid names (`PARALLELIZE_NAMES` for `kmp.parallelize`).
+    """
     import tensorflow as tf
 
     if not isinstance(spec, tf.distribute.Strategy):
         hint = (f" Did you mean {spec.__name__}() (an instance)?"
                 if isinstance(spec, type) and issubclass(spec, tf.distribute.Strategy) else "")
         raise ValueError(
-            f"strategy must be one of {list(STRATEGY_NAMES)} or a tf.distribute.Strategy "
+            f"strategy must be one of {list(names)} or a tf.distribute.Strategy "
             f"instance. Received: strategy={spec!r} of type {type(spec).__name__}.{hint}"
         )
     if devices is not None:

@@ -1,0 +1,32 @@
+"""`examples/quickstart.py` on the JAX lane, as docs/jax.md tells users to run it.
+
+It needs the `[examples]` extra (scikit-learn's digits: `pip install
+"keras_mgpu_plugins[jax,examples]"`), and prints no warning: its `DeviceMetricsLogger`
+is given `batch_size=`, without which it warns on JAX that rows are not counted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.jax import helpers
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
+                                 reason='needs scikit-learn: pip install -e ".[jax,examples]"')]
+
+
+def test_the_quickstart_trains_on_two_devices_without_a_warning(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "examples/quickstart.py", "--quick",
+         "--out", str(tmp_path)],
+        cwd=helpers.ROOT, env=helpers.environment(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Training on 2 replicas (Keras backend: jax), global batch 64" in done.stdout
+    assert "Warning" not in done.stderr, done.stderr[-3000:]
+    assert "samples/s (" in done.stdout and "- samples/s" not in done.stdout  # rows counted
+    assert (tmp_path / "best.keras").is_file()
