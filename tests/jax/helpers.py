@@ -29,7 +29,8 @@ def free_port() -> int:
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KERAS_DISTRIBUTION_", "TF_CONFIG", "SLURM_", "KMP_"))}
-    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **extra)
+    env.update(KERAS_BACKEND="jax", PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env.update(extra)
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env.pop("XLA_FLAGS", None)
     return env

@@ -145,11 +145,13 @@ def test_layout_map_overrides_the_choice_and_trains_as_one_device():
 
 
 def guide_model(optimizer="adam"):
-    """keras.io's distribution guide's model (layers "d1", "d2"), small."""
+    """keras.io's distribution guide's model (layers "d1", "d2"), small and functional (in a
+    Sequential its variables' paths start with the model's name: the guide's keys then
+    match nothing, in Keras as here)."""
     keras.utils.set_random_seed(5)
-    model = keras.Sequential([keras.layers.Input(shape=(12,)),
-                              keras.layers.Dense(8, activation="relu", name="d1"),
-                              keras.layers.Dense(3, activation="softmax", name="d2")])
+    inputs = keras.layers.Input(shape=(12,))
+    hidden = keras.layers.Dense(8, activation="relu", name="d1")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax", name="d2")(hidden))
     model.compile(loss="mse", optimizer=optimizer)
     return model
 
@@ -196,7 +198,10 @@ def test_a_key_that_matches_nothing_warns_once_naming_what_it_could_mean():
     assert "Did you mean 'hidden/kernel'" in messages[0] and "/output" in messages[0]
 
 
-def test_a_large_variable_the_map_leaves_replicated_is_named_and_reported():
+def test_a_large_variable_the_map_leaves_replicated_is_named_and_reported(monkeypatch):
+    from keras_mgpu_plugins.backends.jax import placement
+
+    monkeypatch.setattr(placement, "LARGE_BYTES", 1024)  # the tests' model is tiny
     layout_map = user_map(hidden__kernel=(None, "model"))  # the embedding table: in no key
     with pytest.warns(UserWarning, match="table/embeddings"):
         model = kmp.parallelize(job.build, strategy="model_parallel", layout_map=layout_map)()

@@ -27,7 +27,7 @@ import keras_mgpu_plugins as kmp
 from tests.jax import helpers, programs
 from tests.programs import JAX_PROGRAMS
 
-pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(1800)]
 TOLERANCE = 1e-5
 _RUNS: dict = {}
 
@@ -49,9 +49,9 @@ def all_runs(folder: str) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         for key, value in helpers.environment().items():
             patch.setenv(key, value)
-        processes = kmp.launch(programs.on_processes, num_workers=2, timeout=840)
+        processes = kmp.launch(programs.on_processes, num_workers=2, timeout=1700)
     for mode, (process, out) in started.items():
-        log = process.communicate(timeout=840)[0]
+        log = process.communicate(timeout=1700)[0]
         assert process.returncode == 0, log[-3000:]
         with open(out, "rb") as f:
             _RUNS[mode] = pickle.load(f)

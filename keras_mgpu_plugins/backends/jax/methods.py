@@ -105,8 +105,9 @@ def _scoped(original: Any) -> Any:
             return original(self, *args, **kwargs)
         with found.distribution.scope():
             result = original(self, *args, **kwargs)
-        if compiles:  # an optimizer the user made outside the distribution (fine-tuning)
-            _lay_out_optimizer(self.optimizer, found.distribution)
+        if compiles:  # an optimizer or metrics the user made outside it (fine-tuning)
+            _lay_out(_optimizer_variables(getattr(self, "optimizer", None))
+                     + _metric_variables((args, kwargs)), found.distribution)
         return result
 
     return method
@@ -129,20 +130,34 @@ def _owner(name: str, skip_model: bool = False) -> type:
     raise AttributeError(f"keras.Model has no {name}")
 
 
-def _lay_out_optimizer(optimizer: Any, distribution: Any) -> None:
-    """Lays out, as the distribution does a variable created under it, the variables an
-    optimizer made outside it already holds (`iterations`, the learning rate); its slots
-    are made in `fit`, under the distribution."""
+def _lay_out(variables: list, distribution: Any) -> None:
+    """Lays out, as the distribution does a variable created under it, the variables made
+    outside it that `compile` was given (an optimizer's `iterations` and learning rate, a
+    metric's totals); an optimizer's slots are made in `fit`, under the distribution."""
     from keras_mgpu_plugins.compat._private import jax_relayout
 
     mesh = distribution.device_mesh.backend_mesh
-    for variable in _optimizer_variables(optimizer):
+    for variable in variables:
         sharding = getattr(variable.value, "sharding", None)
         if getattr(sharding, "mesh", None) != mesh:
             jax_relayout(variable, distribution.get_variable_layout(variable))
 
 
+def _metric_variables(arguments: Any) -> list:
+    """The variables of the metric objects among `compile`'s arguments (Keras adopts them as
+    they are when it first builds its compiled metrics, in `fit`)."""
+    import keras
+
+    found = []
+    for leaf in keras.tree.flatten(arguments):
+        if isinstance(leaf, keras.metrics.Metric):
+            found += list(leaf.variables)
+    return found
+
+
 def _optimizer_variables(optimizer: Any) -> list:
+    if optimizer is None:
+        return []
     found = list(getattr(optimizer, "variables", []))
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
     return found + (_optimizer_variables(inner) if inner is not None else [])

@@ -103,7 +103,8 @@ def _report(plan: ShardedPlan, model: Any, batch_size: int | None) -> PlacementR
     rows = tuple(DeviceRow(d, tuple(r["vars"]), r["params"], r["opt"], activations, transfers)
                  for d, r in per.items())
     large = dict(large_replicated(model, plan.distribution))
-    note = f" - LARGE (>= {LARGE_SHARE:.0%} of the parameters), held whole by every device"
+    note = (f" - LARGE (>= {LARGE_SHARE:.0%} of the parameters, >= {LARGE_BYTES:,} bytes), held "
+            "whole by every device")
     layouts = tuple((path, _describe(axes, why) + (note if path in large else ""))
                     for path, (axes, why) in plan.distribution.decisions.items()
                     if path in {v.path for v in model.weights})
@@ -146,16 +147,19 @@ def _flat(outputs: Any) -> list[Any]:
     return list(keras.tree.flatten(outputs))
 
 
-#: A variable the user's map leaves replicated is "large" from this share of the parameters.
+#: A variable the user's map leaves replicated is "large" from this share of the parameters
+#: and this many bytes (below, its copies on every device cost little).
 LARGE_SHARE = 0.1
+LARGE_BYTES = 1 << 20
 
 
 def large_replicated(model: Any, dist: Any) -> list[tuple[str, int]]:
     """The variables no key of the user's map matched that hold at least `LARGE_SHARE` of the
-    model's parameter bytes, with their bytes, largest first."""
+    model's parameter bytes (and `LARGE_BYTES`), with their bytes, largest first."""
     sizes = {v.path: int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.weights}
     total = sum(sizes.values())
     unmatched = [path for path, (_, why) in dist.decisions.items()
                  if why.startswith("replicated (no layout_map") and path in sizes]
     return sorted(((p, sizes[p]) for p in unmatched
-                   if len(sizes) > 1 and sizes[p] >= LARGE_SHARE * total), key=lambda i: -i[1])
+                   if len(sizes) > 1 and sizes[p] >= max(LARGE_SHARE * total, LARGE_BYTES)),
+                  key=lambda i: -i[1])
