@@ -27,11 +27,12 @@ SCRIPT = """
 import pickle, sys
 import keras_mgpu_plugins as kmp
 from tests import transfer_learning_recipe as recipe
+from tests.jax.test_fine_tuning import CASES
 if int(sys.argv[2]) > 1:
     kmp.simulate_devices(int(sys.argv[2]))
-cases = {case: recipe.run(sys.argv[3], *case) for case in %r}
+cases = {case: recipe.run(sys.argv[3], *case) for case in CASES}
 pickle.dump(cases, open(sys.argv[1], "wb"))
-""" % (CASES,)
+"""
 
 
 def run_in_process(tmp_path, devices: int, strategy: str) -> dict:

@@ -83,6 +83,16 @@ def test_a_model_too_large_even_sharded_is_refused_naming_the_bytes(monkeypatch,
         (d, n, n - 1) for d, n in need.items()]
 
 
+def test_a_variable_the_layout_map_leaves_replicated_is_named_in_the_error(monkeypatch):
+    layout_map = keras.distribution.LayoutMap(None)
+    layout_map["hidden/kernel"] = (None, "model")  # the embedding table: in no key
+    _, need = adam_need()
+    fake_memory(monkeypatch, limit={d: 1 for d in need})
+    with pytest.raises(ModelTooLargeError) as raised:
+        kmp.parallelize(job.build, strategy="model_parallel", layout_map=layout_map)(True)
+    assert "table/embeddings (replicated (no layout_map key matches))" in str(raised.value)
+
+
 def test_a_model_that_fits_trains_and_its_slots_were_estimated_exactly(monkeypatch):
     params, need = adam_need()
     fake_memory(monkeypatch, limit=need)  # exactly enough

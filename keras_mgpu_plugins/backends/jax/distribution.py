@@ -103,15 +103,15 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
                 return _checked(fn, fn(*args, **kwargs), False, require_compiled)
             with distribution.scope():  # the model's variables laid out as they are created
                 model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
+            from keras_mgpu_plugins.backends.jax import methods
+
+            methods.run_under(model, distribution)
             if strategy in _SHARDED:
                 from keras_mgpu_plugins.backends.jax import memory, model_parallel
 
                 model_parallel.check_keys(model, distribution)
                 model_parallel.record(model, distribution)
                 memory.check_every_process(model, strategy)  # before any step allocates more
-            from keras_mgpu_plugins.backends.jax import methods
-
-            methods.run_under(model, distribution)
             return model
 
         wrapper.strategy = lambda: _distribution(  # type: ignore[attr-defined]

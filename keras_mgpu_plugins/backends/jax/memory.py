@@ -126,17 +126,29 @@ def needs(model: Any) -> list[DeviceNeed]:
         for variable in model.trainable_weights if slots else ():
             for device, size in held(variable).items():
                 opt[device] += slots * size
+    decisions = _decisions(model)
     found = []
     for device in params:
         stats = memory_stats(device)
         if not stats or "bytes_limit" not in stats:
             continue
         mine = params[device] + (opt[device] if how == "measured" else 0)  # allocated already
-        largest = sorted(sizes[device], key=lambda item: -item[1])[:LARGEST]
+        largest = [(f"{path} ({decisions[path]})" if decisions.get(path, "").startswith(
+            "replicated (no layout_map") else path, size)
+            for path, size in sorted(sizes[device], key=lambda item: -item[1])[:LARGEST]]
         found.append(DeviceNeed(
             _name(device), params[device], opt[device], how, int(stats["bytes_limit"]),
             max(0, int(stats.get("bytes_in_use", 0)) - mine), tuple(largest)))
     return found
+
+
+def _decisions(model: Any) -> dict[str, str]:
+    """Why each variable has its layout (`KmpModelParallel.decisions`), by path: a variable
+    the user's map leaves replicated is named so in the error."""
+    from keras_mgpu_plugins.backends.jax import models
+
+    distribution = models.distribution_of(model)
+    return {path: why for path, (_, why) in getattr(distribution, "decisions", {}).items()}
 
 
 def check(model: Any, strategy: str) -> list[DeviceNeed]:
