@@ -265,6 +265,44 @@ def test_use_jax_backends_started():
     assert isinstance(_private.jax_backends_started(), bool)
 
 
+def test_use_jax_distribute_data():
+    """Keras's JAX `_distribute_data`, which kmp wraps to feed a batch that does not divide over
+    the devices whole (tests/jax/test_parity.py runs it; here the check, and that the source
+    still holds it where JAX is not installed)."""
+    pytest.importorskip("jax")
+    from keras_mgpu_plugins.compat import _private_uses
+
+    assert _private_uses._BY_NAME["jax_distribute_data"].check() == []
+
+
+def test_use_jax_coordination_client():
+    """jax.distributed's key-value store, where kmp checks that every process makes the same
+    fit/evaluate/predict call (tests/jax/test_calls.py runs it across 2 processes)."""
+    pytest.importorskip("jax")
+    from keras_mgpu_plugins.compat import _private, _private_uses
+
+    assert _private_uses._BY_NAME["jax_coordination_client"].check() == []
+    assert _private.jax_coordination_client() is None  # no jax.distributed in this process
+
+
+def test_use_jax_variable_relayout():
+    """A Keras JAX variable made outside a distribution laid out as one made under it, value
+    kept (tests/jax/test_fine_tuning.py: an optimizer made outside the model's distribution)."""
+    pytest.importorskip("jax")
+    import jax
+
+    from keras_mgpu_plugins.compat import _private, _private_uses
+
+    assert _private_uses._BY_NAME["jax_variable_relayout"].check() == []
+    if keras.backend.backend() != "jax" or len(jax.devices()) < 2:
+        pytest.skip("needs the JAX backend and 2 devices")
+    variable = keras.Variable(np.arange(4.0, dtype="float32"))
+    distribution = keras.distribution.DataParallel()
+    _private.jax_relayout(variable, distribution.get_variable_layout(variable))
+    assert len(variable.value.sharding.device_set) == len(jax.devices())
+    np.testing.assert_array_equal(np.asarray(variable.value), np.arange(4.0))
+
+
 def test_use_flatten_layers():
     inner = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(name="bn_in")])
     outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.BatchNormalization(name="bn")])
