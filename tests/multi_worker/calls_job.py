@@ -31,9 +31,14 @@ def _model():
 
 
 def chief_alone(folder: str) -> dict:
-    """Every worker trains and predicts; then the chief alone saves, loads, predicts with and
-    trains the loaded model (one device), evaluates it, as the docs' chief-only pattern does."""
+    """Every worker trains and predicts; then the chief alone prints a summary, exports, saves,
+    loads, predicts with, trains and evaluates the loaded model (one device), as the docs'
+    chief-only pattern does."""
+    import contextlib
+    import io
+
     import keras
+    import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
 
@@ -44,6 +49,12 @@ def chief_alone(folder: str) -> dict:
     found = {"predict": everywhere.tolist(), "seconds": None}
     if kmp.topology().is_chief:
         start = time.monotonic()
+        with contextlib.redirect_stdout(io.StringIO()) as summary:
+            model.summary()
+        found["summary"] = summary.getvalue()
+        model.export(os.path.join(folder, "exported"))  # a SavedModel
+        exported = tf.saved_model.load(os.path.join(folder, "exported"))  # kept: its variables
+        found["exported_predict"] = exported.serve(x).numpy().tolist()
         path = os.path.join(folder, "model.keras")
         model.save(path)
         loaded = keras.models.load_model(path)

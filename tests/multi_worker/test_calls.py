@@ -17,12 +17,14 @@ from tests.multi_worker import calls_job
 pytestmark = [pytest.mark.multi_worker, pytest.mark.timeout(240)]
 
 
-def test_the_chief_alone_saves_loads_predicts_and_trains_a_loaded_model(tmp_path):
+def test_the_chief_alone_exports_saves_loads_predicts_and_trains_a_loaded_model(tmp_path):
     chief, other = kmp.launch(calls_job.chief_alone, num_workers=2, args=(str(tmp_path),),
                               timeout=180)
     assert "loaded_predict" not in other
     np.testing.assert_allclose(chief["predict"], other["predict"], atol=1e-6, rtol=0)
     np.testing.assert_allclose(chief["loaded_predict"], chief["predict"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(chief["exported_predict"], chief["predict"], atol=1e-6, rtol=0)
+    assert "Trainable params: 21" in chief["summary"]
     for have, want in zip(chief["loaded_trained"], chief["reference_trained"], strict=True):
         np.testing.assert_allclose(have, want, atol=1e-6, rtol=0)  # one device, there
     assert chief["loaded_evaluate"] == pytest.approx(chief["reference_evaluate"], abs=1e-6)
