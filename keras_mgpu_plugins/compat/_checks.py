@@ -246,6 +246,21 @@ def check_eager_context() -> list[str]:
     return problems
 
 
+def check_coordination_store() -> list[str]:
+    """What `tf_coordination_context` needs: the eager context's key-value calls, a get that
+    takes a timeout (TensorFlow has no non-blocking get), and the coordination service's config."""
+    problems = check_names(TF_CONTEXT, ("context", "Context"))
+    if problems:
+        return problems
+    context = importlib.import_module(TF_CONTEXT).Context
+    problems = [f"{TF_CONTEXT}.Context.{name} is missing" for name in
+                ("set_config_key_value", "get_config_key_value", "coordination_service")
+                if not hasattr(context, name)]
+    if not problems and "timeout_in_ms" not in params(context.get_config_key_value):
+        problems.append(f"{TF_CONTEXT}.Context.get_config_key_value takes no timeout_in_ms")
+    return problems
+
+
 def check_maybe_merge_call() -> list[str]:
     import tensorflow as tf
 

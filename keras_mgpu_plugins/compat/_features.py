@@ -194,6 +194,18 @@ FEATURES: tuple[Patch, ...] = (
         upstream="https://github.com/keras-team/keras/issues/18560",
         after=("stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
                "chief_only_progress_bars")),
+    # Outside every other wrapper of these methods: the workers meet before any collective of
+    # the call (the same-callbacks all-gather included). Never applied with the JAX lane's
+    # record (its methods meet themselves); the order between the two is only declared.
+    _feature(
+        "same_calls_on_every_worker", "keras_mgpu_plugins.backends.tensorflow.same_calls:wrap_methods",
+        "TensorFlow, several workers: fit/evaluate/predict made on one worker only (the chief "
+        "evaluating alone) fails 12 to 20 s later with 'UnavailableError: Collective ops is "
+        "aborted by: ... tasks are unhealthy' once the other workers end; while they call "
+        "something else, with 'Collective instance N expected type ...', or it hangs", ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"),
+        "creating a strategy that spans workers on TensorFlow (kmp.parallelize, kmp-launch, a "
+        "MultiWorkerMirroredStrategy given to kmp)", lambda: _fit_takes("callbacks"),
+        after=("same_callbacks_on_every_worker", "jax_inputs_as_on_one_device")),
     _feature(
         "jax_compile_under_model_distribution",
         "keras_mgpu_plugins.backends.jax.methods:wrap_compile",

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._checks import TF_CONTEXT, source_has
 from keras_mgpu_plugins.compat._private_uses import (
     IO_UTILS,
     LEGACY_H5,
@@ -69,6 +69,17 @@ def jax_coordination_client() -> Any:
     if not require("jax_coordination_client"):
         return None
     return importlib.import_module("jax._src.distributed").global_state.client
+
+
+def tf_coordination_context() -> Any:
+    """TensorFlow's eager context, whose `set_config_key_value` / `get_config_key_value` reach
+    the key-value store of the coordination service the multi-worker strategy started; `None`
+    where the installed TensorFlow does not have them as known (one warning) or no coordination
+    service is configured in this process."""
+    if not require("tf_coordination_store"):
+        return None
+    context = importlib.import_module(TF_CONTEXT).context()
+    return context if context.coordination_service is not None else None
 
 
 def jax_backends_started() -> bool:

@@ -232,6 +232,15 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
                checks.check_input_lib, "Use a TensorFlow version in that range.",
                library="tensorflow"),
+    PrivateUse("tf_coordination_store", f"{checks.TF_CONTEXT}: context().set_config_key_value, "
+               "get_config_key_value(key, timeout_in_ms), coordination_service (the key-value "
+               "store of TensorFlow's coordination service, which MultiWorkerMirroredStrategy "
+               "starts)", "kmp's check that every TensorFlow worker makes the same "
+               "fit/evaluate/predict call (feature same_calls_on_every_worker, runtime.calls)",
+               "2.16.0", _TF_MAX, checks.check_coordination_store,
+               "The check is skipped: a fit/evaluate/predict made on one worker only waits for "
+               "the others until TensorFlow's collective fails or kmp-launch's --stall-timeout "
+               "reports it.", fallback=True, library="tensorflow"),
     PrivateUse("jax_initialize_rng", "keras.src.backend.jax.distribution_lib.initialize_rng "
                "(what keras.distribution.initialize runs after jax.distributed.initialize)",
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,

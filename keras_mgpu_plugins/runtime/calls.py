@@ -6,14 +6,18 @@ one process only (`if kmp.topology().is_chief: model.evaluate(...)`) would leave
 process waiting forever in its first collective. So each such call first meets the
 other processes in the job's key-value store (`Runtime.store()`: the coordination
 service JAX's or TensorFlow's runtime already runs): process `p` posts the method and
-call site of its `n`-th call, then waits until every process has posted its `n`-th. The same method on every process:
-the call goes on. Another method, or a process that ended its script: `CallsDifferError`
-on every process that is waiting, at once, naming each process's call. A process that
-posts nothing for `timeout` seconds while the others wait (it is busy elsewhere, or in a
-callback's nested call): the same error, naming what each process posted last.
+call site of its `n`-th call, then waits until every process has posted its `n`-th. The
+same method on every process: the call goes on. Another method, or a process that ended
+its script: `CallsDifferError` on every process that is waiting, at once, naming each
+process's call. A process that posts nothing for `timeout` seconds while the others wait
+(it is busy elsewhere, or in a callback's nested call): the same error, naming what each
+process posted last.
 
-Plain Keras calls (saving, loading, a model loaded on one process, a model kmp did not
-build) are not counted: they need no other process.
+The backends call `together` before these methods: JAX for the models kmp built
+(`backends/jax/methods.py`), TensorFlow for every model under a multi-worker strategy
+(`backends/tensorflow/same_calls.py`). Plain Keras calls (saving, loading, a model loaded
+on one process, a model under no distribution spanning processes) are not counted: they
+need no other process.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any, Protocol
 #: Seconds a process waits for the others to reach the same call (`KMP_CALL_TIMEOUT`).
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_ENV = "KMP_CALL_TIMEOUT"
+#: Seconds a process waits for the others before it asks whether one ended its script.
+ENDED_AFTER = 0.2
 _PREFIX = "kmp/calls"
 _state = {"count": itertools.count(), "made": 0, "exit_hook": False}
 _lock = threading.Lock()
@@ -36,6 +42,11 @@ _lock = threading.Lock()
 
 class CallsDifferError(RuntimeError):
     """The processes did not make the same call (one process called alone)."""
+
+
+class StoreUnreachableError(RuntimeError):
+    """A backend's store cannot reach the job's key-value store any more (the process that
+    holds it ended or failed); `together` raises `CallsDifferError` from it."""
 
 
 class Store(Protocol):
@@ -69,9 +80,13 @@ def together(runtime: Any, method: str, model: Any) -> None:
             _state["exit_hook"] = True
     rank = runtime.rank()
     me, count = rank.worker_index, rank.num_workers
-    mine = f"{method}|{getattr(model, 'name', type(model).__name__)}|{_call_site()}"
-    client.set(f"{_PREFIX}/{n}/{me}", mine)
-    posted = _wait(client, n, count, me)
+    name, site = getattr(model, "name", type(model).__name__), _call_site()
+    try:
+        client.set(f"{_PREFIX}/{n}/{me}", f"{method}|{name}|{site}")
+        posted = _wait(client, n, count, me)
+    except StoreUnreachableError as err:  # the process holding the store is gone
+        here = f"process {me}: {name}.{method}(...) at {site}; {err}"
+        raise CallsDifferError(_message(method, n, count, here)) from None
     methods = {p: v.split("|")[0] for p, v in posted.items()}
     if len(set(methods.values())) > 1:
         raise CallsDifferError(_differ(method, n, posted, client, count))
@@ -88,14 +103,22 @@ def timeout() -> float:
 
 
 def _wait(client: Any, n: int, count: int, me: int) -> dict[int, str]:
-    """Every process's post for call `n`; raises when one ended before it, or at the timeout."""
-    limit, pause = time.monotonic() + timeout(), 0.001
+    """Every process's post for call `n`; raises when one ended before it, or at the timeout.
+
+    Whether a process ended is asked only after `ENDED_AFTER` seconds of waiting: calls made
+    within that time of each other never ask (on TensorFlow each absent key asked for costs a
+    short wait and stays open in the service until it is set: `backends.tensorflow.store`).
+    """
+    start = time.monotonic()
+    limit, pause = start + timeout(), 0.001
     while True:
         posted = _dir(client, f"{_PREFIX}/{n}/")
         if len(posted) == count:
             return posted
-        ended = {p: int(v) for p, v in _dir(client, f"{_PREFIX}/end/").items() if int(v) <= n}
-        if ended or time.monotonic() > limit:
+        now = time.monotonic()
+        ended = {p: int(v) for p, v in _dir(client, f"{_PREFIX}/end/").items()
+                 if int(v) <= n} if now - start > ENDED_AFTER or now > limit else {}
+        if ended or now > limit:
             raise CallsDifferError(_differ(posted.get(me, "?").split("|")[0], n, posted,
                                            client, count, ended))
         time.sleep(pause)
@@ -115,11 +138,15 @@ def _differ(method: str, n: int, posted: dict[int, str], client: Any, count: int
         else:
             last = _last_post(client, p, n)
             lines.append(f"process {p}: not there after {timeout():.0f} s ({last})")
+    return _message(method, n, count, "; ".join(lines))
+
+
+def _message(method: str, n: int, count: int, differs: str) -> str:
     return (f"{method}(...) of a model kmp distributed over {count} processes must be "
             f"called by every process, in the same order (it runs collectives); call {n + 1} "
-            f"differs: {'; '.join(lines)}. Make such calls on every process (only their "
+            f"differs: {differs}. Make such calls on every process (only their "
             "output on the chief: kmp.topology().is_chief); for work on one process, load "
-            "the model there (keras.models.load_model) or use a model kmp did not build. "
+            "the model there (keras.models.load_model, outside any strategy scope). "
             f"{TIMEOUT_ENV} sets the wait ({DEFAULT_TIMEOUT:.0f} s by default).")
 
 

@@ -826,6 +826,24 @@ def test_use_eager_context():
     assert compat.collective_ops_configured() in (True, False)
 
 
+def test_use_tf_coordination_store():
+    """One process runs no coordination service: no store, no warning; TensorFlow's get takes
+    a timeout. The store itself, between 2 workers: tests/multi_worker/test_calls.py."""
+    import inspect
+    import warnings
+
+    from tensorflow.python.eager import context
+
+    from keras_mgpu_plugins.compat._private import tf_coordination_context
+
+    assert "timeout_in_ms" in inspect.signature(context.Context.get_config_key_value).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compat.require("tf_coordination_store") is True
+        assert tf_coordination_context() is None
+    assert context.context().coordination_service is None
+
+
 def test_use_tf_maybe_merge_call():
     import tensorflow as tf
 

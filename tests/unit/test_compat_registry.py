@@ -59,9 +59,11 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
                            "_all_reduce_sum_gradients", "_get_iterator", "fit", "evaluate",
                            "predict", "compile", "compile (instance)"}
     assert shared["fit"] == ["chief_only_progress_bars", "stall_watchdog_on_every_fit",
-                             "same_callbacks_on_every_worker", "jax_inputs_as_on_one_device"]
+                             "same_callbacks_on_every_worker", "jax_inputs_as_on_one_device",
+                             "same_calls_on_every_worker"]
     assert shared["evaluate"] == shared["predict"] == ["chief_only_progress_bars",
-                                                       "jax_inputs_as_on_one_device"]
+                                                       "jax_inputs_as_on_one_device",
+                                                       "same_calls_on_every_worker"]
     assert shared["compile"] == ["compile_in_model_strategy_scope",
                                  "compile_adopts_state_made_outside",
                                  "jax_compile_under_model_distribution"]
@@ -101,6 +103,34 @@ def test_a_patch_applied_late_still_goes_inside_the_ones_declared_to_wrap_it(cle
     assert chain == ["_same_callbacks.py", "stall_watchdog.py", "_worker_output.py"]
     with pytest.raises(RuntimeError, match="cannot undo chief_only_progress_bars alone"):
         compat.remove("chief_only_progress_bars")
+
+
+def test_the_same_calls_check_wraps_every_other_wrapper_of_fit_whenever_applied(clean):
+    """TensorFlow's calls check goes outside the same-callbacks check (the workers meet before
+    its all-gather), also when it is applied first; it wraps evaluate and predict too."""
+    from keras_mgpu_plugins import _same_callbacks, _worker_output
+    from keras_mgpu_plugins.backends.tensorflow import same_calls
+    from keras_mgpu_plugins.callbacks import stall_watchdog
+
+    original = {m: getattr(keras.Model, m) for m in ("fit", "evaluate", "predict")}
+    same_calls.install()
+    stall_watchdog.add_to_every_fit(30)
+    _same_callbacks.install()
+    _worker_output.install()
+    chains = {}
+    for name, first in original.items():
+        chain, method = [], getattr(keras.Model, name)
+        while method is not first:
+            chain.append(pathlib.Path(method.__code__.co_filename).name)
+            method = method.__wrapped__
+        chains[name] = chain
+    assert chains == {
+        "fit": ["same_calls.py", "_same_callbacks.py", "stall_watchdog.py", "_worker_output.py"],
+        "evaluate": ["same_calls.py", "_worker_output.py"],
+        "predict": ["same_calls.py", "_worker_output.py"]}
+    compat.remove("same_calls_on_every_worker")
+    assert keras.Model.evaluate is not original["evaluate"]  # the progress bars' wrapper stays
+    assert keras.Model.fit.__code__.co_filename.endswith("_same_callbacks.py")
 
 
 def test_an_undeclared_pair_is_refused_when_applied(clean, monkeypatch):
@@ -146,6 +176,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     """Every record applied (the workarounds as `patch_keras`, each feature as kmp applies
     it), then `unpatch_keras()`: every attribute is the original object again."""
     from keras_mgpu_plugins import _same_callbacks, _worker_output
+    from keras_mgpu_plugins.backends.tensorflow import same_calls
     from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
     from keras_mgpu_plugins.callbacks import stall_watchdog
 
@@ -155,6 +186,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     compat.patch_keras()
     _worker_output.install()
     _same_callbacks.install()
+    same_calls.install()
     stall_watchdog.add_to_every_fit(30)
     compat.apply("placed_model_clone_warning")
     objects = instances()

@@ -40,6 +40,15 @@ class TensorFlowRuntime(Runtime):
     def spans_workers(self) -> bool:
         return _rank.spans_workers(self.strategy)
 
+    def store(self) -> Any:
+        """The key-value store of TensorFlow's coordination service (`backends.tensorflow.store`),
+        or `None` where the strategy spans one worker or TensorFlow offers none (one warning)."""
+        if not self.spans_workers:
+            return None
+        from keras_mgpu_plugins.backends.tensorflow.store import coordination_store
+
+        return coordination_store(self.num_workers)
+
     def scope(self) -> Any:
         import tensorflow as tf
 

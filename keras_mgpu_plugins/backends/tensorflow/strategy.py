@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_mgpu_plugins import _same_callbacks, _worker_output
-from keras_mgpu_plugins.backends.tensorflow import collective
+from keras_mgpu_plugins.backends.tensorflow import collective, same_calls
 from keras_mgpu_plugins.backends.tensorflow import local_devices as _local_devices
 from keras_mgpu_plugins.backends.tensorflow import rank as _rank
 from keras_mgpu_plugins.cluster.topology import Topology, topology
@@ -87,6 +87,7 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
             compat.patch_keras()  # the user's own strategy needs the same Keras fixes
             _worker_output.install()  # progress bars on the chief only
             _same_callbacks.install()
+            same_calls.install()  # fit/evaluate/predict on one worker alone: an error, no hang
         collective.note_strategy(spec)  # the rank source now; raises if the env disagrees
         return spec
     name = resolve_name(spec, topology())
@@ -239,6 +240,7 @@ def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
     compat.patch_keras()
     _worker_output.install()  # progress bars on the chief only (before: wrapped by the next)
     _same_callbacks.install()  # every worker's fit checks its kmp callbacks against the others'
+    same_calls.install()  # then, outside it: every worker makes the same fit/evaluate/predict
     return strategy
 
 
