@@ -49,9 +49,10 @@ def all_runs(folder: str) -> dict:
     with pytest.MonkeyPatch.context() as patch:  # 2 processes of one CPU device each, as
         # `kmp-launch -n 2` gives (the augmentation layers make Keras run eagerly, which kmp
         # refuses on processes of several CPU devices: gloo hangs there)
-        for key, value in helpers.environment(**helpers.simulated_devices(1)).items():
+        for key, value in helpers.environment().items():
             patch.setenv(key, value)
-        processes = kmp.launch(programs.on_processes, num_workers=2, timeout=1700)
+        processes = kmp.launch(programs.on_processes, num_workers=2, timeout=1700,
+                               env=helpers.simulated_devices(1))
     for mode, (process, out) in started.items():
         log = process.communicate(timeout=1700)[0]
         assert process.returncode == 0, log[-3000:]
