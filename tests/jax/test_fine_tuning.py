@@ -21,7 +21,7 @@ import keras_mgpu_plugins as kmp
 from tests import transfer_learning_recipe as recipe
 from tests.jax import helpers
 
-pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(900)]
 CASES = [("schedule", True), ("adam", True), ("schedule", False)]
 SCRIPT = """
 import pickle, sys
@@ -39,7 +39,7 @@ def run_in_process(tmp_path, devices: int, strategy: str) -> dict:
     out = tmp_path / f"{devices}.pkl"
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(out), str(devices), strategy],
                           cwd=helpers.ROOT, env=helpers.environment(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     with open(out, "rb") as f:
         return pickle.load(f)
@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for key, value in helpers.environment().items():
             patch.setenv(key, value)
-        processes = kmp.launch(on_processes, num_workers=2, timeout=300)
+        processes = kmp.launch(on_processes, num_workers=2, timeout=600)
     return {"one": run_in_process(tmp, 1, "default"), "devices": run_in_process(tmp, 2, "auto"),
             "processes": processes}
 
