@@ -89,8 +89,14 @@ def run_with_backup(backup_dir, kill=False):
 
 
 def run_keras_backup(backup_dir):
+    """Keras's own callback on every worker, kmp's refusal of it taken out (what Keras does)."""
     import keras
 
+    from keras_mgpu_plugins.compat import _registry
+
+    kmp.parallelize(build_model)()  # puts kmp's fit wrappers in force, so they can come out
+    for name in ("same_calls_on_every_worker", "same_callbacks_on_every_worker"):
+        _registry.remove(name)  # outermost first
     train([keras.callbacks.BackupAndRestore(backup_dir, save_freq=1)], epochs=3)
 
 
@@ -101,7 +107,11 @@ def assert_bit_identical(first, second):
 
 
 def test_keras_own_backup_and_restore_fails_with_two_workers(tmp_path):
-    """Keeps the claim true: if Keras fixes this, this test fails and says so."""
+    """Keeps the claim true: if Keras fixes this, this test fails and says so.
+
+    kmp refuses Keras's callback before training on several workers
+    (`tests/multi_worker/test_keras_writers.py`); this runs it without that refusal.
+    """
     with pytest.raises(WorkerFailedError) as failure:
         kmp.launch(run_keras_backup, num_workers=2, args=(str(tmp_path),), timeout=200)
     text = f"{failure.value}\n{failure.value.remote_traceback}"
