@@ -11,9 +11,10 @@ the first use, so this table imports none of the feature modules).
 
 from __future__ import annotations
 
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW
 from keras_mgpu_plugins.compat._record import Patch, lazy
 
-_MIN, _MAX = "3.10.0", "3.16.0"  # kmp's Keras floor (pyproject), and the first unchecked
+_MIN, _MAX = "3.10.0", CHECKED_BELOW["keras"]  # kmp's Keras floor (pyproject), the first unchecked
 _FIT = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/trainer.py"
 _GRAPH = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/ops/function.py"
 _MP = "a model_parallel / hybrid factory's build (kmp.parallelize)"
@@ -88,7 +89,7 @@ FEATURES: tuple[Patch, ...] = (
     _feature(
         "placed_graph_run", "keras_mgpu_plugins.backends.tensorflow.patches.functional_graph:set_graph_run",
         "model_parallel: fit runs every layer on one device although the factory placed them",
-        ("keras.src.ops.function.Function._run_through_graph",), _MP, _graph_hook_there,
+        ("functional graph._run_through_graph",), _MP, _graph_hook_there,
         upstream=_GRAPH, per_instance=True),
     _feature(
         "placed_layer_call", "keras_mgpu_plugins.backends.tensorflow.model_parallel.placement:wrap_in_device",

@@ -17,6 +17,7 @@ from typing import Any
 
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 
@@ -41,10 +42,9 @@ def patch_clip_after_all_reduce() -> Any:
     overwrite follow (`overwrite_with_ema`).
     """
     import tensorflow as tf
-    from keras.src import backend
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    original = tf_optimizer.TFOptimizer._backend_apply_gradients
+    variable_class, tf_optimizer = resolve("backend variable"), resolve("tensorflow optimizer")
+    original = tf_optimizer._backend_apply_gradients
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         context = tf.distribute.get_replica_context()
@@ -56,10 +56,10 @@ def patch_clip_after_all_reduce() -> Any:
             pairs = self._all_reduce_sum_gradients(list(zip(grads, trainable_variables, strict=True)))
             grads = self._clip_gradients([g for g, _ in pairs])
             self._apply_weight_decay(trainable_variables)
-            variables = [v.value if isinstance(v, backend.Variable) else v
+            variables = [v.value if isinstance(v, variable_class) else v
                          for v in trainable_variables]
             require("tf_maybe_merge_call")
-            tf.__internal__.distribute.interim.maybe_merge_call(
+            resolve("maybe_merge_call")(
                 self._distributed_tf_update_step, strategy,
                 list(zip(grads, variables, strict=True)), self.learning_rate)
         else:
@@ -69,8 +69,8 @@ def patch_clip_after_all_reduce() -> Any:
             self._update_model_variables_moving_average(self._trainable_variables)
             overwrite_with_ema(self, context)
 
-    tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
-    return lambda: setattr(tf_optimizer.TFOptimizer, "_backend_apply_gradients", original)
+    tf_optimizer._backend_apply_gradients = _backend_apply_gradients
+    return lambda: setattr(tf_optimizer, "_backend_apply_gradients", original)
 
 
 def overwrite_with_ema(optimizer: Any, context: Any) -> None:
@@ -98,9 +98,7 @@ def overwrite_with_ema(optimizer: Any, context: Any) -> None:
 
 
 def clips_before_all_reduce() -> bool | None:
-    from keras.src.optimizers import base_optimizer
-
-    return source_has(base_optimizer.BaseOptimizer._backend_apply_gradients,
+    return source_has(resolve("base optimizer")._backend_apply_gradients,
                       "grads = self._clip_gradients(grads)", "self._backend_update_step(")
 
 
@@ -147,9 +145,8 @@ def patch_sum_duplicate_slices() -> Any:
     and N devices agree for every lookup (plain Keras on one device does not
     sum: see docs/distribution_matrix.md). SGD is linear: unchanged.
     """
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-
-    original = tf_optimizer.TFOptimizer._all_reduce_sum_gradients
+    tf_optimizer = resolve("tensorflow optimizer")
+    original = tf_optimizer._all_reduce_sum_gradients
 
     @functools.wraps(original)  # `present` checks read Keras's source through it
     def _all_reduce_sum_gradients(self, grads_and_vars):
@@ -159,14 +156,12 @@ def patch_sum_duplicate_slices() -> Any:
             return reduced
         return [(sum_duplicate_slices(g), v) for g, v in reduced]
 
-    tf_optimizer.TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
-    return lambda: setattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", original)
+    tf_optimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+    return lambda: setattr(tf_optimizer, "_all_reduce_sum_gradients", original)
 
 
 def keeps_duplicate_slices() -> bool | None:
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-
-    method = tf_optimizer.TFOptimizer.__dict__.get("_all_reduce_sum_gradients")
+    method = resolve("tensorflow optimizer").__dict__.get("_all_reduce_sum_gradients")
     if method is None:
         return None
     keeps = source_has(method, "all_reduce(")
