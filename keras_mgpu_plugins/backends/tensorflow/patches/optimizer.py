@@ -2,9 +2,12 @@
 
 `patch_clip_after_all_reduce` clips the all-reduced gradient, as one device
 clips the global batch's (no keras-team/keras issue found; the closest is
-tensorflow/tensorflow#33929, where tf.keras refused clipping under a strategy); `overwrite_with_ema` runs the EMA overwrite's `cond` in the
-cross-replica context. Both apply only under a strategy that spans replicas or
-workers (`distributing`); one device keeps Keras's code.
+tensorflow/tensorflow#33929, where tf.keras refused clipping under a strategy);
+`overwrite_with_ema` runs the EMA overwrite's `cond` in the cross-replica context
+where Keras does not (Keras 3.15 runs it in the replica context, which TensorFlow
+refuses; keras-nightly 3.16.0.dev's TensorFlow optimizer runs it cross-replica itself,
+`_backend_maybe_overwrite_model_variables`, and is left to it). Both apply only under
+a strategy that spans replicas or workers (`distributing`); one device keeps Keras's code.
 `patch_sum_duplicate_slices` sums the slices of a sparse gradient that share a
 row before the update, under a distributing strategy and for the models
 `kmp.parallelize` builds on one device (`mark_sums_duplicate_slices`).
@@ -39,18 +42,23 @@ def patch_clip_after_all_reduce() -> Any:
     gradients are all-reduced first, then clipped (every replica holds the same
     sum, so every replica clips the same way), then weight decay and the update
     run as upstream's, without a second all-reduce. The EMA update and its
-    overwrite follow (`overwrite_with_ema`).
+    overwrite follow (`overwrite_with_ema`). Without clipping, a Keras whose
+    overwrite runs in the replica context (`ema_overwrite_in_replica_context`)
+    has its overwrite taken over the same way; a Keras that runs it
+    cross-replica itself keeps its own code.
     """
     import tensorflow as tf
 
     variable_class, tf_optimizer = resolve("backend variable"), resolve("tensorflow optimizer")
     original = tf_optimizer._backend_apply_gradients
+    ema_fix_needed = ema_overwrite_in_replica_context()
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         context = tf.distribute.get_replica_context()
         strategy = self._distribution_strategy
+        overwrites = self.use_ema and self.ema_overwrite_frequency and ema_fix_needed
         if (self.gradient_accumulation_steps or context is None or not distributing(strategy)
-                or not (clips(self) or (self.use_ema and self.ema_overwrite_frequency))):
+                or not (clips(self) or overwrites)):
             return original(self, grads, trainable_variables)
         if clips(self):
             pairs = self._all_reduce_sum_gradients(list(zip(grads, trainable_variables, strict=True)))
@@ -76,14 +84,18 @@ def patch_clip_after_all_reduce() -> Any:
 def overwrite_with_ema(optimizer: Any, context: Any) -> None:
     """Every `ema_overwrite_frequency` updates, the model's variables take their averages.
 
-    Upstream tests this with a `cond` in the replica context whose branch
+    Keras 3.15 tests this with a `cond` in the replica context whose branch
     updates mirrored variables (a `merge_call`), which TensorFlow refuses
     there. The `cond` runs in the cross-replica context instead, on the
-    iteration count every replica and worker shares.
+    iteration count every replica and worker shares. A Keras that does so
+    itself (`_backend_maybe_overwrite_model_variables`) runs its own.
     """
     import tensorflow as tf
 
     if not optimizer.ema_overwrite_frequency:
+        return
+    if not ema_overwrite_in_replica_context():
+        optimizer._backend_maybe_overwrite_model_variables(optimizer._trainable_variables)
         return
 
     def cross_replica(distribution):
@@ -100,6 +112,14 @@ def overwrite_with_ema(optimizer: Any, context: Any) -> None:
 def clips_before_all_reduce() -> bool | None:
     return source_has(resolve("base optimizer")._backend_apply_gradients,
                       "grads = self._clip_gradients(grads)", "self._backend_update_step(")
+
+
+def ema_overwrite_in_replica_context() -> bool:
+    """Whether Keras's TensorFlow optimizer leaves the EMA overwrite's `cond` in the replica
+    context (Keras 3.15), rather than running it cross-replica itself (keras-nightly
+    3.16.0.dev: `_backend_maybe_overwrite_model_variables`, with a `merge_call`)."""
+    own = vars(resolve("tensorflow optimizer")).get("_backend_maybe_overwrite_model_variables")
+    return own is None or source_has(own, "merge_call") is False
 
 
 #: Set on an optimizer whose sparse gradients are summed per row on one device as well.
