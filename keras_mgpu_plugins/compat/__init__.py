@@ -34,6 +34,9 @@ and reach the registry as records:
   included). The patches, checks and helpers reach internals only through
   `resolve(key)`; a name at none of its known places raises `MissingNameError`, an
   `UncheckedVersionError` naming it, and a patch wrapping it is refused before training.
+- `_report`: `report()` (also `python -m keras_mgpu_plugins.compat`): every patch's
+  verdict, private use and private name on the installed versions; `_canary`: what the
+  last canary run (`.ci/run canary`, keras-nightly) found.
 - `_private`: the helpers over private Keras API the rest of the package calls
   (`set_initial_epoch`, `loss_tracker_rows`, ...), through this module.
 - `_private_uses`: the private-API registry. Each helper calls `require(name)` for the
@@ -99,6 +102,7 @@ from keras_mgpu_plugins.compat._registry import (
     remove_from,
     unpatch_keras,
 )
+from keras_mgpu_plugins.compat._report import CompatReport, PatchVerdict, report
 
 __all__ = [
     "ALLOW_UNCHECKED_ENV", "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS",
@@ -112,7 +116,8 @@ __all__ = [
     "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
     "apply", "apply_to", "applied_on", "order_problems", "remove", "remove_from", "replace",
-    "symptom_index", "NAMES", "PrivateName", "MissingNameError",
+    "symptom_index", "NAMES", "PrivateName", "MissingNameError", "CompatReport", "PatchVerdict",
+    "report",
 ]
 
 from keras_mgpu_plugins.backends.tensorflow.patches.hybrid import (  # noqa: E402

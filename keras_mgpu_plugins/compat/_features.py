@@ -47,10 +47,11 @@ def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: 
              present: object, upstream: str = _FIT, after: tuple[str, ...] = (),
              per_instance: bool = False) -> Patch:
     module, function = apply.rsplit(":", 1)
+    lane = module.split(".")[2] if module.startswith("keras_mgpu_plugins.backends.") else ""
     return Patch(name=name, upstream=upstream, min_version=_MIN, max_version=_MAX,
                  apply=lazy(module, function), present=present, changes_results=False,
                  symptom=symptom, wraps=wraps, after=after, kind="feature", when=when,
-                 per_instance=per_instance)
+                 per_instance=per_instance, backend=lane)
 
 
 FEATURES: tuple[Patch, ...] = (

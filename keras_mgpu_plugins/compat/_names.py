@@ -85,18 +85,19 @@ def _k(key: str, path: str, since: str = "3.0.0", **kwargs: Any) -> PrivateName:
 
 
 NAMES: tuple[PrivateName, ...] = (
-    _k("tensorflow trainer module", _TF_TRAINER, has=("reduce_per_replica",)),
+    _k("tensorflow trainer module", _TF_TRAINER, has=("reduce_per_replica",), needs="tensorflow"),
     PrivateName("tensorflow trainer", "keras", (
         ("3.0.0", f"{_TF_TRAINER}.TensorFlowTrainer"), ("3.16.0", f"{_TF_TRAINER}.Trainer")),
-        has=("_make_function", "_maybe_symbolic_build", "train_step"), note=_RENAME),
+        has=("_make_function", "_maybe_symbolic_build", "train_step"), note=_RENAME,
+        needs="tensorflow"),
     PrivateName("base trainer", "keras", (
         ("3.0.0", "keras.src.trainers.trainer.Trainer"),
         ("3.16.0", "keras.src.trainers.trainer.BaseTrainer")),
         has=("compile", "_symbolic_build"), note=_RENAME),
-    _k("tensorflow epoch iterator", f"{_TF_TRAINER}.TFEpochIterator", has=("_get_iterator",)),
-    _k("collective_all_reduce_multi_worker", f"{_TF_TRAINER}._collective_all_reduce_multi_worker"),
+    _k("tensorflow epoch iterator", f"{_TF_TRAINER}.TFEpochIterator", has=("_get_iterator",), needs="tensorflow"),
+    _k("collective_all_reduce_multi_worker", f"{_TF_TRAINER}._collective_all_reduce_multi_worker", needs="tensorflow"),
     _k("tensorflow optimizer", "keras.src.backend.tensorflow.optimizer.TFOptimizer",
-       has=("_backend_apply_gradients", "_all_reduce_sum_gradients")),
+       has=("_backend_apply_gradients", "_all_reduce_sum_gradients"), needs="tensorflow"),
     _k("base optimizer", "keras.src.optimizers.base_optimizer.BaseOptimizer",
        has=("apply_gradients", "_backend_apply_gradients")),
     _k("loss scale optimizer", "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer",
@@ -109,7 +110,7 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("tensorflow variable", "keras", (
         ("3.0.0", "keras.src.backend.tensorflow.core.Variable"),
         ("3.16.0", "keras.src.backend.tensorflow.ops.core.Variable")),
-        has=("_initialize",), note=_PLUGGABLE),
+        has=("_initialize",), note=_PLUGGABLE, needs="tensorflow"),
     _k("stateless scope", "keras.src.backend.common.stateless_scope.StatelessScope"),
     _k("epoch iterator", "keras.src.trainers.epoch_iterator.EpochIterator",
        has=("_enumerate_iterator",)),

@@ -65,6 +65,7 @@ class PrivateUse:
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
         library: Whose internals and versions: "keras", "tensorflow" or "jax".
+        backend: The Keras backend whose lane relies on it ("" for any).
     """
 
     name: str
@@ -76,6 +77,7 @@ class PrivateUse:
     outside: str
     fallback: bool = False
     library: str = "keras"
+    backend: str = ""
 
     def applies_to(self, version: str) -> bool:
         return checks.version_checked(version, self.min_version, self.max_version)
@@ -172,7 +174,8 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("loss_tracker_rows", "the 'loss' Mean tracker's count, weighted by rows in "
                "train_step", "kmp.callbacks.DeviceMetricsLogger and WandbLogger (batch sizes)",
                "3.2.0", _MAX, checks.check_loss_tracker, "Rows are not measured: pass batch_size= to "
-               "DeviceMetricsLogger; WandbLogger records no measured batch size.", fallback=True),
+               "DeviceMetricsLogger; WandbLogger records no measured batch size.", fallback=True,
+               backend="tensorflow"),
     PrivateUse("flatten_layers", "Layer._flatten_layers (every nested layer, custom layers' "
                "attributes included)", "kmp.parallelize(sync_batchnorm=True)", "3.0.0", _MAX,
                checks.check_flatten_layers, "Use BatchNormalization(synchronized=True) in the factory."),
@@ -181,15 +184,16 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "._value/_initialize, Model._compute_loss/_loss_tracker",
                "kmp.parallelize(strategy='model_parallel')", "3.6.0", _MAX, checks.check_model_parallel,
                "Use strategy='mirrored' or tf.device inside your layers' own call, or a Keras "
-               "version in that range."),
+               "version in that range.", backend="tensorflow"),
     PrivateUse("collective_all_reduce_multi_worker", "tensorflow trainer module."
                "_collective_all_reduce_multi_worker (is a strategy multi-worker, as fit asks)",
                "the workarounds in PATCHES (which strategies they act under)", "3.0.0", _MAX,
-               checks.check_collective_all_reduce, "Use a Keras version in that range."),
+               checks.check_collective_all_reduce, "Use a Keras version in that range.",
+               backend="tensorflow"),
     PrivateUse("patch_internals", f"{', '.join(checks.PATCH_INTERNALS)} (used inside the "
                "patched methods)",
                "the workarounds in PATCHES", "3.10.0", _MAX, checks.check_patch_internals,
-               "Use a Keras version in that range."),
+               "Use a Keras version in that range.", backend="tensorflow"),
     PrivateUse("eager_context", "eager context: context().device_name, "
                "host_address_space(), _collective_ops_server_def",
                "kmp.parallelize(strategy='model_parallel' or 'hybrid'), kmp.collective (this "
@@ -209,7 +213,7 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,
                lambda: _missing("jax distribution_lib"),
                "The chief's random seed is broadcast and set with keras.utils.set_random_seed.",
-               fallback=True),
+               fallback=True, backend="jax"),
     PrivateUse("jax_backends_started", "jax xla_bridge.backends_are_initialized",
                "kmp.topology() on JAX (the local devices are named without starting JAX, so "
                "simulate_devices and jax.distributed can still follow)", "0.4.30",

@@ -68,6 +68,8 @@ class Patch:
         when: Where kmp applies it.
         per_instance: Set on single objects kmp made or was given (a model, its
             optimizer, a `History`), not on a Keras class or module.
+        backend: The Keras backend whose lane installs it ("tensorflow", "jax"; ""
+            for any); the workarounds are the TensorFlow backend's (`patch_keras()`).
     """
 
     name: str
@@ -84,6 +86,11 @@ class Patch:
     kind: str = "workaround"
     when: str = "kmp.compat.patch_keras(), at strategy creation"
     per_instance: bool = False
+    backend: str = ""
+
+    def lane(self) -> str:
+        """The Keras backend it is used on ("" for any)."""
+        return self.backend or ("tensorflow" if self.kind == "workaround" else "")
 
     def installed_version(self) -> str:
         return _names.library_version(self.library)
