@@ -69,6 +69,33 @@ def test_jax_lane_runs_the_readmes_subset_without_tensorflow():
         assert (ROOT / path).exists(), path
 
 
+def ci_function(name: str) -> str:
+    match = re.search(rf"^{name}\(\) {{\n(.*?)^}}$", CI, re.S | re.M)
+    assert match, f".ci/run defines no {name}()"
+    return match.group(1)
+
+
+def test_canary_runs_both_subsets_on_the_newest_keras_nightly_and_is_not_in_all():
+    """`.ci/run canary`: keras-nightly in place of the released Keras (checked: no `keras`
+    distribution left, the module is the nightly's), CI's compatibility subset with TensorFlow
+    and the JAX job's tests without it, each after the patches' verdicts; never in `all`."""
+    all_case = CI.split("\n  all)", 1)[1].split(";;", 1)[0]
+    assert "canary" not in all_case and '"$0" newest' in all_case
+    nightly = ci_function("install_nightly")
+    assert "pip uninstall --quiet --yes keras\n" in nightly
+    assert "pip install --quiet --upgrade keras-nightly\n" in nightly
+    assert 'md.version("keras-nightly")' in nightly and 'md.version("keras")' in nightly
+    for name, extra, subset in (("canary_tensorflow", "tensorflow", "OLDEST_SUBSET"),
+                                ("canary_jax", "jax", "JAX_SUBSET")):
+        body = ci_function(name)
+        assert f'pip install --quiet -e ".[{extra},test]"\n    install_nightly\n' in body, name
+        assert "KMP_ALLOW_UNCHECKED_VERSIONS=1" in body and "python -m keras_mgpu_plugins.compat" in body
+        assert f'pytest_status python -m pytest -q -p no:cacheprovider "${{{subset}[@]}}"' in body
+    assert "export KERAS_BACKEND=jax" in ci_function("canary_jax")
+    canary_case = CI.split("\n  canary)", 1)[1].split(";;", 1)[0]
+    assert '"$0" canary-tensorflow' in canary_case and '"$0" canary-jax' in canary_case
+
+
 def requirement(name: str) -> Requirement:
     """pyproject.toml's requirement of `name` (a quoted string that starts with it)."""
     text = (ROOT / "pyproject.toml").read_text()

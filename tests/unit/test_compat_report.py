@@ -107,3 +107,14 @@ def test_python_m_compat_prints_the_report():
     for patch in compat.PATCHES:
         assert f"\n  {patch.name}: " in done.stdout
     assert "\nPrivate API uses:\n" in done.stdout and "\nPrivate names:\n" in done.stdout
+
+
+def test_the_canary_record_has_every_patch_and_is_the_readmes():
+    assert set(_canary.VERDICTS) == {p.name for p in compat.PATCHES}
+    assert {kind for kind, _ in _canary.VERDICTS.values()} <= set(_canary.VERDICT_KINDS)
+    run = _canary.LAST_RUN
+    assert Version(run.keras).is_prerelease and run.date[:4].isdigit()
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Tested versions"):]
+    for value in (run.date, f"keras-nightly {run.keras}", run.tensorflow_subset, run.jax_subset):
+        assert value in section, value
