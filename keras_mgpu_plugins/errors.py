@@ -48,3 +48,14 @@ class ModelTooLargeError(ValueError):
 #: Exit code of a worker that `kmp.callbacks.StallWatchdog` stops (sysexits' EX_SOFTWARE):
 #: the watchdog exits with it, the launcher reads it as a stall.
 STALL_EXIT_CODE = 70
+
+
+class UncheckedVersionError(RuntimeError):
+    """kmp cannot verify its changes to Keras/TensorFlow on the installed versions.
+
+    Raised when a distributed strategy is set up (`@kmp.parallelize`,
+    `kmp.compat.patch_keras()`), before any training: a patch without which training
+    gives other numbers than one device was not checked for these versions, or a private
+    name kmp relies on is at none of its known places (`kmp.compat.report()` says which).
+    Also `kmp.compat.UncheckedVersionError`.
+    """

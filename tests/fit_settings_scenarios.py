@@ -312,7 +312,8 @@ def aligned(array, alignment=64):
     return out
 
 
-def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")):
+def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io"),
+                    steps_per_execution=1):
     """A Python generator (steps_per_epoch shorter than it), a PyDataset with workers (threads;
     `py_dataset_processes`: forked processes), dict inputs to a two-input, two-output model: the
     weights after each, and under "data_changed" the largest change fit made to the user's
@@ -320,7 +321,10 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
 
     The generator and PyDataset yield views of x and y. Without the
     `numpy_function_owned_outputs` patch, on 2 devices TensorFlow wrote the loss's
-    intermediate values into the first replica's rows of y (then 0.05-0.3 off one device)."""
+    intermediate values into the first replica's rows of y (then 0.05-0.3 off one device)
+    wherever the step fetches its batch inside the step's function: Keras 3.15 always, and
+    kmp's loop for `steps_per_execution` > 1; keras-nightly 3.16.0.dev fetches a
+    `steps_per_execution=1` batch eagerly (the caller holds it: TensorFlow writes nowhere)."""
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -342,7 +346,7 @@ def input_types_run(strategy, kinds=("generator", "py_dataset", "dict_multi_io")
 
     runs = {}
     if "generator" in kinds:
-        model = kmp.parallelize(strategy=strategy)(model_factory())()
+        model = kmp.parallelize(strategy=strategy)(model_factory(steps_per_execution))()
         model.fit(cycle(), steps_per_epoch=3, epochs=2, verbose=0)  # the epoch ends mid-generator
         runs["generator"] = model.get_weights()
     if "py_dataset" in kinds:

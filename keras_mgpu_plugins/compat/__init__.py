@@ -29,6 +29,14 @@ and reach the registry as records:
   helpers over Keras's functional graph) and `hybrid`. `_env` is the one workaround set
   through the environment: glibc's malloc top pad for the workers kmp starts, applied
   by the launcher (`launch._tuning`).
+- `_names`: every private Keras/TensorFlow/JAX name kmp touches, with where it lived
+  in each version (`NAMES`; the TensorFlow trainer's rename in keras-nightly 3.16.0.dev
+  included). The patches, checks and helpers reach internals only through
+  `resolve(key)`; a name at none of its known places raises `MissingNameError`, an
+  `UncheckedVersionError` naming it, and a patch wrapping it is refused before training.
+- `_report`: `report()` (also `python -m keras_mgpu_plugins.compat`): every patch's
+  verdict, private use and private name on the installed versions; `_canary`: what the
+  last canary run (`.ci/run canary`, keras-nightly) found.
 - `_private`: the helpers over private Keras API the rest of the package calls
   (`set_initial_epoch`, `loss_tracker_rows`, ...), through this module.
 - `_private_uses`: the private-API registry. Each helper calls `require(name)` for the
@@ -50,6 +58,7 @@ from keras_mgpu_plugins.backends.tensorflow.patches.trainer import refuse_unsupp
 from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._index import symptom_index
 from keras_mgpu_plugins.compat._instances import applied_on
+from keras_mgpu_plugins.compat._names import NAMES, MissingNameError, PrivateName
 from keras_mgpu_plugins.compat._private import (
     ArchiveNames,
     all_layers,
@@ -93,6 +102,7 @@ from keras_mgpu_plugins.compat._registry import (
     remove_from,
     unpatch_keras,
 )
+from keras_mgpu_plugins.compat._report import CompatReport, PatchVerdict, report
 
 __all__ = [
     "ALLOW_UNCHECKED_ENV", "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS",
@@ -106,7 +116,8 @@ __all__ = [
     "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
     "set_async_safe", "set_initial_epoch", "strategy_name", "unpatch_keras",
     "apply", "apply_to", "applied_on", "order_problems", "remove", "remove_from", "replace",
-    "symptom_index",
+    "symptom_index", "NAMES", "PrivateName", "MissingNameError", "CompatReport", "PatchVerdict",
+    "report",
 ]
 
 from keras_mgpu_plugins.backends.tensorflow.patches.hybrid import (  # noqa: E402

@@ -29,11 +29,11 @@ import importlib.metadata
 import platform
 from collections.abc import Mapping
 
-from keras_mgpu_plugins.compat._checks import version_checked
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, version_checked
 
 #: TensorFlow versions this is known for (run-tested on 2.21), max exclusive.
 MIN_TENSORFLOW = "2.16.0"
-MAX_TENSORFLOW = "2.22.0"
+MAX_TENSORFLOW = CHECKED_BELOW["tensorflow"]
 TOP_PAD_BYTES = 64 << 20
 TUNABLE = f"glibc.malloc.top_pad={TOP_PAD_BYTES}"
 _TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly")

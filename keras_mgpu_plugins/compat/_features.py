@@ -11,9 +11,10 @@ the first use, so this table imports none of the feature modules).
 
 from __future__ import annotations
 
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW
 from keras_mgpu_plugins.compat._record import Patch, lazy
 
-_MIN, _MAX = "3.10.0", "3.16.0"  # kmp's Keras floor (pyproject), and the first unchecked
+_MIN, _MAX = "3.10.0", CHECKED_BELOW["keras"]  # kmp's Keras floor (pyproject), the first unchecked
 _FIT = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/trainer.py"
 _GRAPH = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/ops/function.py"
 _MP = "a model_parallel / hybrid factory's build (kmp.parallelize)"
@@ -63,10 +64,11 @@ def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: 
              present: object, upstream: str = _FIT, after: tuple[str, ...] = (),
              per_instance: bool = False) -> Patch:
     module, function = apply.rsplit(":", 1)
+    lane = module.split(".")[2] if module.startswith("keras_mgpu_plugins.backends.") else ""
     return Patch(name=name, upstream=upstream, min_version=_MIN, max_version=_MAX,
                  apply=lazy(module, function), present=present, changes_results=False,
                  symptom=symptom, wraps=wraps, after=after, kind="feature", when=when,
-                 per_instance=per_instance)
+                 per_instance=per_instance, backend=lane)
 
 
 FEATURES: tuple[Patch, ...] = (
@@ -112,7 +114,7 @@ FEATURES: tuple[Patch, ...] = (
     _feature(
         "placed_graph_run", "keras_mgpu_plugins.backends.tensorflow.patches.functional_graph:set_graph_run",
         "model_parallel: fit runs every layer on one device although the factory placed them",
-        ("keras.src.ops.function.Function._run_through_graph",), _MP, _graph_hook_there,
+        ("functional graph._run_through_graph",), _MP, _graph_hook_there,
         upstream=_GRAPH, per_instance=True),
     _feature(
         "placed_layer_call", "keras_mgpu_plugins.backends.tensorflow.model_parallel.placement:wrap_in_device",
@@ -211,9 +213,9 @@ FEATURES: tuple[Patch, ...] = (
         "keras_mgpu_plugins.backends.jax.methods:wrap_compile",
         "JAX: compiling a model kmp built again outside the factory (fine-tuning) fails in fit "
         "with 'Received incompatible devices for jitted computation' (an optimizer made "
-        "outside the model's distribution)", ("keras.src.trainers.trainer.Trainer.compile",),
+        "outside the model's distribution)", ("base trainer.compile",),
         "kmp.parallelize on the JAX backend (every model it builds; other models untouched)",
-        lambda: _has("keras.src.trainers.trainer.Trainer.compile"),
+        lambda: _has("base trainer.compile"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/"
                  "trainer.py", after=("compile_adopts_state_made_outside",)),
     _feature(
@@ -229,7 +231,7 @@ FEATURES: tuple[Patch, ...] = (
         "JAX: a last batch (or a batch_size) whose rows do not divide over the devices fails "
         "inside JAX (make_array_from_process_local_data: 'not evenly divisible') or is refused; "
         "predict(x_test) on an odd number of rows fails",
-        ("keras.src.backend.jax.trainer._distribute_data",),
+        ("jax trainer module._distribute_data",),
         "kmp.parallelize on the JAX backend (the first model it builds)",
         lambda: _defines("keras.src.backend.jax.trainer", "_distribute_data"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/jax/"

@@ -9,19 +9,13 @@ applies the documented fallback or raises outside the known versions.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from keras_mgpu_plugins.compat._checks import TF_CONTEXT, source_has
-from keras_mgpu_plugins.compat._private_uses import (
-    IO_UTILS,
-    LEGACY_H5,
-    SAVING_LIB,
-    keras_version,
-    require,
-)
+from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
+from keras_mgpu_plugins.compat._private_uses import keras_version, require
 
 logger = logging.getLogger("keras_mgpu_plugins")
 
@@ -37,7 +31,7 @@ def jax_initialize_rng() -> bool:
     """
     if not require("jax_initialize_rng"):
         return False
-    importlib.import_module("keras.src.backend.jax.distribution_lib").initialize_rng()
+    resolve("jax distribution_lib").initialize_rng()
     return True
 
 
@@ -48,7 +42,7 @@ def jax_trainer_module() -> Any:
         RuntimeError: Keras no longer has it where it is known (`require`).
     """
     require("jax_distribute_data")
-    return importlib.import_module("keras.src.backend.jax.trainer")
+    return resolve("jax trainer module")
 
 
 def jax_relayout(variable: Any, layout: Any) -> None:
@@ -68,7 +62,7 @@ def jax_coordination_client() -> Any:
     where the installed JAX does not have it as known (one warning)."""
     if not require("jax_coordination_client"):
         return None
-    return importlib.import_module("jax._src.distributed").global_state.client
+    return resolve("jax distributed").global_state.client
 
 
 def tf_coordination_context() -> Any:
@@ -78,7 +72,7 @@ def tf_coordination_context() -> Any:
     service is configured in this process."""
     if not require("tf_coordination_store"):
         return None
-    context = importlib.import_module(TF_CONTEXT).context()
+    context = resolve("eager context").context()
     return context if context.coordination_service is not None else None
 
 
@@ -86,7 +80,7 @@ def jax_backends_started() -> bool:
     """Whether JAX's backends are initialised (`True` where that cannot be known)."""
     if not require("jax_backends_started"):
         return True
-    return bool(importlib.import_module("jax._src.xla_bridge").backends_are_initialized())
+    return bool(resolve("jax xla_bridge").backends_are_initialized())
 
 
 def set_initial_epoch(model: Any, epoch: int) -> None:
@@ -129,7 +123,7 @@ def keras_print_msg(message: str) -> None:
     `keras.config.is_interactive_logging_enabled()` and `print`.
     """
     if require("print_msg"):
-        importlib.import_module(IO_UTILS).print_msg(message)
+        resolve("io_utils").print_msg(message)
         return
     import keras
 
@@ -262,24 +256,24 @@ class ArchiveNames(NamedTuple):
 
 def archive_names() -> ArchiveNames:
     """The member names `model.save("x.keras")` uses."""
-    sl = importlib.import_module(SAVING_LIB)
+    sl = resolve("saving_lib")
     return ArchiveNames(sl._CONFIG_FILENAME, sl._METADATA_FILENAME, sl._VARS_FNAME_H5,
                         sl._ASSETS_DIRNAME)
 
 
 def serialize_model_as_json(model: Any) -> tuple[str, str]:
     """The `config.json` and `metadata.json` texts `model.save` writes."""
-    return importlib.import_module(SAVING_LIB)._serialize_model_as_json(model)
+    return resolve("saving_lib")._serialize_model_as_json(model)
 
 
 def save_state_walk(model: Any, weights_store: Any, assets_store: Any = None) -> None:
     """Keras's own save walk over layers, optimizer and variables, into the given stores."""
-    importlib.import_module(SAVING_LIB)._save_state(model, weights_store, assets_store, "", set())
+    resolve("saving_lib")._save_state(model, weights_store, assets_store, "", set())
 
 
 def h5_store_class() -> type:
     """Keras's `H5IOStore` (to subclass: the walk accepts only its instances)."""
-    return importlib.import_module(SAVING_LIB).H5IOStore
+    return resolve("saving_lib").H5IOStore
 
 
 def open_h5_store(path: str, archive: Any = None) -> Any:
@@ -290,10 +284,10 @@ def open_h5_store(path: str, archive: Any = None) -> Any:
 
 def open_assets_store(archive: Any) -> Any:
     """A writing assets store (`DiskIOStore`) zipped into `archive` on `close()`."""
-    sl = importlib.import_module(SAVING_LIB)
+    sl = resolve("saving_lib")
     return sl.DiskIOStore(sl._ASSETS_DIRNAME, archive=archive, mode="w")
 
 
 def save_model_to_hdf5(model: Any, h5file: Any) -> None:
     """What `model.save("x.h5")` writes, into an open `h5py.File`."""
-    importlib.import_module(LEGACY_H5).save_model_to_hdf5(model, h5file, include_optimizer=True)
+    resolve("legacy h5 format").save_model_to_hdf5(model, h5file, include_optimizer=True)

@@ -1,8 +1,9 @@
 """The private Keras and TensorFlow API that `compat` touches: what, who needs it, versions, checks.
 
-`keras_mgpu_plugins.compat` and its `_compat_*` modules are the only ones that
-touch Keras internals; each helper names here the `PrivateUse` it relies on and
-calls `require(name)` first. The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied on, what
+`keras_mgpu_plugins.compat` and the TensorFlow patches are the only ones that touch
+Keras internals, each through `compat._names` (every private name with its history);
+each helper names here the `PrivateUse` it relies on and calls `require(name)` first.
+The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied on, what
 in this package needs them, the Keras versions it is known for, and a `check`
 naming what is missing or changed. `tests/unit/test_compat.py` runs every
 check and exercises every helper in a real `fit`, so a Keras upgrade that
@@ -13,7 +14,8 @@ CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading
 the sources of the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0,
 3.6.0, 3.9.0, 3.10.0, 3.11.0 and 3.12.0: `min_version` is the first of those
 with the names, signatures and calls the use needs. `max_version`
-(exclusive) is 3.16.0, the first version nobody has looked at. TensorFlow
+(exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first release CI has not run
+(keras-nightly 3.16.0.dev is run by the canary, `.ci/run canary`). TensorFlow
 internals (`library="tensorflow"`) are known for TensorFlow 2.16 to 2.21 (the
 range of the TensorFlow patches in `PATCHES`): `max_version` 2.22.0.
 
@@ -21,7 +23,9 @@ Outside its range a use is never trusted silently (`require`): its check
 runs; if it fails, or the version is below the range, the use's documented
 fallback applies (with one warning) or `RuntimeError` names what changed. If
 the check passes on a newer Keras, the use goes on with one warning. A check
-runs once per use and Keras version (`require` caches what it found).
+runs once per use and Keras version (`require` caches what it found). A check that
+raises (a private name moved where `compat._names` does not know it) counts as failing,
+with what it raised: never an exception out of `check_private_uses`.
 """
 
 from __future__ import annotations
@@ -31,20 +35,16 @@ import warnings
 from collections.abc import Callable
 
 from keras_mgpu_plugins.compat import _checks as checks
-from keras_mgpu_plugins.compat._checks import (
-    IO_UTILS,
-    KERAS_HOOK_CALLS,
-    KERAS_PRIVATE_HOOKS,
-    LEGACY_H5,
-    SAVING_LIB,
-)
+from keras_mgpu_plugins.compat import _names
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, KERAS_HOOK_CALLS, KERAS_PRIVATE_HOOKS
+from keras_mgpu_plugins.errors import UncheckedVersionError
 
 __all__ = [
-    "IO_UTILS", "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "LEGACY_H5", "PRIVATE_USES",
-    "SAVING_LIB", "PrivateUse", "check_private_uses", "keras_version", "require",
+    "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS", "PRIVATE_USES", "PrivateUse",
+    "check_private_uses", "keras_version", "require",
 ]
 
-_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()
 #: What each use's check found, per (use name, Keras version): `require` checks once per version.
 _checked: dict[tuple[str, str], list[str]] = {}
 
@@ -59,11 +59,13 @@ class PrivateUse:
         used_by: What in this package needs it.
         min_version: First version of `library` known to have it.
         max_version: First version not checked (exclusive).
-        check: Returns what is missing or changed (empty when all is there).
+        check: Returns what is missing or changed (empty when all is there); use
+            `problems()`, which turns an exception into a problem.
         outside: What happens when it is missing, changed, or below `min_version`.
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
         library: Whose internals and versions: "keras", "tensorflow" or "jax".
+        backend: The Keras backend whose lane relies on it ("" for any).
     """
 
     name: str
@@ -75,9 +77,17 @@ class PrivateUse:
     outside: str
     fallback: bool = False
     library: str = "keras"
+    backend: str = ""
 
     def applies_to(self, version: str) -> bool:
         return checks.version_checked(version, self.min_version, self.max_version)
+
+    def problems(self) -> list[str]:
+        """What `check` finds missing or changed; a check that raises says what it raised."""
+        try:
+            return list(self.check())
+        except Exception as err:  # noqa: BLE001 - any failure of a check is a problem found
+            return [f"its check raised {type(err).__name__}: {err}"]
 
 
 def keras_version() -> str:
@@ -88,15 +98,7 @@ def keras_version() -> str:
 
 def library_version(library: str) -> str:
     """The installed version of "keras", "tensorflow" or "jax"."""
-    if library == "tensorflow":
-        import tensorflow as tf
-
-        return tf.__version__
-    if library == "jax":
-        import jax
-
-        return jax.__version__
-    return keras_version()
+    return _names.library_version(library)
 
 
 def require(name: str) -> bool:
@@ -106,15 +108,15 @@ def require(name: str) -> bool:
     version range with the check passing: `True`. Newer Keras with the check
     passing: `True`, with one warning. Otherwise (check failing, or Keras older
     than the range): `False` with one warning for a use with a fallback, else
-    `RuntimeError`.
+    `UncheckedVersionError` (a `RuntimeError`).
 
     Raises:
-        RuntimeError: Naming what changed, the known range and the remedy.
+        UncheckedVersionError: Naming what changed, the known range and the remedy.
     """
     use = _BY_NAME[name]
     version, lib = library_version(use.library), checks.LIBRARY_NAMES[use.library]
     if (name, version) not in _checked:
-        _checked[name, version] = use.check()
+        _checked[name, version] = use.problems()
     problems = _checked[name, version]
     span = f">={use.min_version},<{use.max_version}"
     if not problems and use.applies_to(version):
@@ -129,21 +131,25 @@ def require(name: str) -> bool:
     if use.fallback:
         _warn_once(name, message)
         return False
-    raise RuntimeError(message)
+    raise UncheckedVersionError(message)
 
 
 def check_private_uses() -> dict[str, list[str]]:
-    """What is missing or changed, per private use (checked afresh: no cache)."""
-    return {use.name: use.check() for use in PRIVATE_USES}
+    """What is missing or changed, per private use (checked afresh: no cache; never raises)."""
+    return {use.name: use.problems() for use in PRIVATE_USES}
 
 
 def _warn_once(name: str, message: str) -> None:
-    if name not in _warned:
-        _warned.add(name)
+    """Warns `message` about use `name` once per process (a use may have two: used outside its
+    range, then its fallback once its check fails)."""
+    if (name, message) not in _warned:
+        _warned.add((name, message))
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-_MAX, _TF_MAX = "3.16.0", "2.22.0"
+_MAX, _TF_MAX = CHECKED_BELOW["keras"], CHECKED_BELOW["tensorflow"]
+
+
 def _check_jax_client() -> list[str]:
     """What `jax_coordination_client` needs of JAX's distributed runtime client."""
     import importlib.util
@@ -151,10 +157,10 @@ def _check_jax_client() -> list[str]:
     if importlib.util.find_spec("jax") is None:
         return []
     try:
-        state = importlib.import_module("jax._src.distributed").global_state
+        state = _names.resolve("jax distributed").global_state
         client_type = importlib.import_module("jax._src.lib")._jax.DistributedRuntimeClient
-    except (ImportError, AttributeError) as err:
-        return [f"jax._src.distributed.global_state cannot be found ({err})"]
+    except (ImportError, AttributeError, UncheckedVersionError) as err:
+        return [f"jax distributed.global_state cannot be found ({err})"]
     missing = [name for name in ("key_value_set", "key_value_dir_get", "key_value_try_get")
                if not hasattr(client_type, name)]
     return ([] if hasattr(state, "client") else ["global_state.client is gone"]) + [
@@ -168,9 +174,9 @@ def _check_jax_variable() -> list[str]:
     if importlib.util.find_spec("jax") is None:
         return []
     try:
-        variable = importlib.import_module("keras.src.backend.jax.core").JaxVariable
-    except (ImportError, AttributeError) as err:
-        return [f"keras.src.backend.jax.core.JaxVariable cannot be found ({err})"]
+        variable = _names.resolve("jax variable")
+    except UncheckedVersionError as err:
+        return [f"jax variable cannot be found ({err})"]
     return [f"JaxVariable.{name} is gone" for name in ("_direct_assign", "_initialize_layout")
             if not callable(getattr(variable, name, None))]
 
@@ -180,15 +186,15 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "_get_file_path, _should_save_model", "kmp.callbacks.ModelCheckpoint", "3.10.0",
                _MAX, lambda: checks.check_hooks("keras.callbacks.ModelCheckpoint"),
                "Use keras.callbacks.ModelCheckpoint on one worker, or a Keras version in that range."),
-    PrivateUse("saving_internals", f"{SAVING_LIB} (_save_state, H5IOStore, DiskIOStore, "
-               f"_serialize_model_as_json, archive names), {LEGACY_H5}.save_model_to_hdf5",
+    PrivateUse("saving_internals", "saving_lib (_save_state, H5IOStore, DiskIOStore, "
+               "_serialize_model_as_json, archive names), legacy h5 format.save_model_to_hdf5",
                "kmp.callbacks.ModelCheckpoint (with async_save=True, or several workers)",
                "3.6.0", _MAX, checks.check_saving,
                "Use async_save=False on one worker, or a Keras version in that range."),
     PrivateUse("initial_epoch", "Model._initial_epoch (read by fit after on_train_begin)",
                "kmp.callbacks.BackupAndRestore (restoring the epoch)", "3.1.0", _MAX,
                checks.check_initial_epoch, "Use a Keras version in that range."),
-    PrivateUse("print_msg", f"{IO_UTILS}.print_msg", "kmp.callbacks.ModelCheckpoint messages",
+    PrivateUse("print_msg", "io_utils.print_msg", "kmp.callbacks.ModelCheckpoint messages",
                "3.0.0", _MAX, checks.check_print_msg,
                "Messages go through print or logging instead (keras_print_msg).", fallback=True),
     PrivateUse("progbar_after_history", "CallbackList appends History then ProgbarLogger after "
@@ -201,7 +207,8 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("loss_tracker_rows", "the 'loss' Mean tracker's count, weighted by rows in "
                "train_step", "kmp.callbacks.DeviceMetricsLogger and WandbLogger (batch sizes)",
                "3.2.0", _MAX, checks.check_loss_tracker, "Rows are not measured: pass batch_size= to "
-               "DeviceMetricsLogger; WandbLogger records no measured batch size.", fallback=True),
+               "DeviceMetricsLogger; WandbLogger records no measured batch size.", fallback=True,
+               backend="tensorflow"),
     PrivateUse("flatten_layers", "Layer._flatten_layers (every nested layer, custom layers' "
                "attributes included)", "kmp.parallelize(sync_batchnorm=True)", "3.0.0", _MAX,
                checks.check_flatten_layers, "Use BatchNormalization(synchronized=True) in the factory."),
@@ -210,15 +217,17 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "._value/_initialize, Model._compute_loss/_loss_tracker",
                "kmp.parallelize(strategy='model_parallel')", "3.6.0", _MAX, checks.check_model_parallel,
                "Use strategy='mirrored' or tf.device inside your layers' own call, or a Keras "
-               "version in that range."),
-    PrivateUse("collective_all_reduce_multi_worker", f"{checks.TF_TRAINER}."
+               "version in that range.", backend="tensorflow"),
+    PrivateUse("collective_all_reduce_multi_worker", "tensorflow trainer module."
                "_collective_all_reduce_multi_worker (is a strategy multi-worker, as fit asks)",
                "the workarounds in PATCHES (which strategies they act under)", "3.0.0", _MAX,
-               checks.check_collective_all_reduce, "Use a Keras version in that range."),
-    PrivateUse("patch_internals", f"{checks.PATCH_INTERNALS} (used inside the patched methods)",
+               checks.check_collective_all_reduce, "Use a Keras version in that range.",
+               backend="tensorflow"),
+    PrivateUse("patch_internals", f"{', '.join(checks.PATCH_INTERNALS)} (used inside the "
+               "patched methods)",
                "the workarounds in PATCHES", "3.10.0", _MAX, checks.check_patch_internals,
-               "Use a Keras version in that range."),
-    PrivateUse("eager_context", f"{checks.TF_CONTEXT}: context().device_name, "
+               "Use a Keras version in that range.", backend="tensorflow"),
+    PrivateUse("eager_context", "eager context: context().device_name, "
                "host_address_space(), _collective_ops_server_def",
                "kmp.parallelize(strategy='model_parallel' or 'hybrid'), kmp.collective (this "
                "process's task)", "2.16.0", _TF_MAX, checks.check_eager_context,
@@ -227,12 +236,12 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "the clip_after_all_reduce patch (the EMA overwrite under a strategy)", "2.16.0",
                _TF_MAX, checks.check_maybe_merge_call, "Use a TensorFlow version in that range.",
                library="tensorflow"),
-    PrivateUse("distributed_input_lib", f"{checks.TF_INPUT_LIB}.DistributedIterator "
+    PrivateUse("distributed_input_lib", "distributed iterator "
                "(get_next_as_optional, _get_next_no_partial_batch_handling)",
                "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
                checks.check_input_lib, "Use a TensorFlow version in that range.",
                library="tensorflow"),
-    PrivateUse("tf_coordination_store", f"{checks.TF_CONTEXT}: context().set_config_key_value, "
+    PrivateUse("tf_coordination_store", "eager context: context().set_config_key_value, "
                "get_config_key_value(key, timeout_in_ms), coordination_service (the key-value "
                "store of TensorFlow's coordination service, which MultiWorkerMirroredStrategy "
                "starts)", "kmp's check that every TensorFlow worker makes the same "
@@ -241,26 +250,26 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "The check is skipped: a fit/evaluate/predict made on one worker only waits for "
                "the others until TensorFlow's collective fails or kmp-launch's --stall-timeout "
                "reports it.", fallback=True, library="tensorflow"),
-    PrivateUse("jax_initialize_rng", "keras.src.backend.jax.distribution_lib.initialize_rng "
+    PrivateUse("jax_initialize_rng", "jax distribution_lib.initialize_rng "
                "(what keras.distribution.initialize runs after jax.distributed.initialize)",
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,
-               lambda: _missing("keras.src.backend.jax.distribution_lib", "initialize_rng"),
+               lambda: _missing("jax distribution_lib"),
                "The chief's random seed is broadcast and set with keras.utils.set_random_seed.",
-               fallback=True),
-    PrivateUse("jax_backends_started", "jax._src.xla_bridge.backends_are_initialized",
+               fallback=True, backend="jax"),
+    PrivateUse("jax_backends_started", "jax xla_bridge.backends_are_initialized",
                "kmp.topology() on JAX (the local devices are named without starting JAX, so "
-               "simulate_devices and jax.distributed can still follow)", "0.4.30", "0.12.0",
-               lambda: _missing("jax._src.xla_bridge", "backends_are_initialized"),
+               "simulate_devices and jax.distributed can still follow)", "0.4.30",
+               CHECKED_BELOW["jax"], lambda: _missing("jax xla_bridge"),
                "kmp.topology() lists JAX's devices, which starts JAX's backend: call "
                "kmp.simulate_devices or let the launcher initialise jax.distributed first.",
                fallback=True, library="jax"),
-    PrivateUse("jax_distribute_data", "keras.src.backend.jax.trainer._distribute_data (every "
+    PrivateUse("jax_distribute_data", "jax trainer module._distribute_data (every "
                "batch of fit/evaluate/predict and *_on_batch laid out under a distribution)",
                "kmp's JAX partial batches (a batch whose rows do not divide over the devices is "
                "fed whole to every device: patch jax_partial_batches_replicated)", "3.10.0", _MAX,
-               lambda: _missing("keras.src.backend.jax.trainer", "_distribute_data"),
+               lambda: _missing("jax trainer module"),
                "kmp refuses a batch whose rows do not divide over the devices, naming it."),
-    PrivateUse("jax_coordination_client", "jax._src.distributed.global_state.client "
+    PrivateUse("jax_coordination_client", "jax distributed.global_state.client "
                "(key_value_set, key_value_dir_get, key_value_try_get: the key-value store of "
                "jax.distributed's coordination service)",
                "kmp's check that every JAX process makes the same fit/evaluate/predict call "
@@ -268,7 +277,7 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "The check is skipped: a fit/evaluate/predict made on one process only waits "
                "for the others (kmp-launch --stall-timeout reports it).", fallback=True,
                library="jax"),
-    PrivateUse("jax_variable_relayout", "keras.src.backend.jax.core.JaxVariable (_layout, "
+    PrivateUse("jax_variable_relayout", "jax variable (_layout, "
                "_direct_assign: how Keras lays a variable out under a distribution)",
                "kmp's JAX compile outside the factory (an optimizer made outside the model's "
                "distribution gets its layout)", "3.10.0", _MAX, _check_jax_variable,
@@ -278,15 +287,11 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 
 
-def _missing(module: str, name: str) -> list[str]:
-    """`[]` if `module.name` is callable, else what is missing."""
-    import importlib
+def _missing(key: str) -> list[str]:
+    """What of the JAX-lane name `key` is missing (nothing to check where JAX is not installed:
+    it is reached on the JAX backend only)."""
     import importlib.util
 
     if importlib.util.find_spec("jax") is None:
-        return []  # reached on the JAX backend only: nothing to check without JAX
-    try:
-        found = getattr(importlib.import_module(module), name, None)
-    except ImportError as err:
-        return [f"{module} cannot be imported ({err})"]
-    return [] if callable(found) else [f"{module}.{name} is gone"]
+        return []
+    return _names.missing(key)

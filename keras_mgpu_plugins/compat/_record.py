@@ -17,13 +17,14 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from keras_mgpu_plugins.compat import _names
 from keras_mgpu_plugins.compat._checks import version_checked
+from keras_mgpu_plugins.errors import UncheckedVersionError
+
+__all__ = ["ALLOW_UNCHECKED_ENV", "LIBRARY_NAMES", "Patch", "UncheckedVersionError", "lazy",
+           "must_wrap", "order_problems", "replace", "shared"]
 
 LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow"}
-
-
-class UncheckedVersionError(RuntimeError):
-    """A patch whose absence changes training results cannot be verified on these versions."""
 
 
 #: Set to 1 to run with patches that change training results on Keras/TensorFlow versions
@@ -56,14 +57,19 @@ class Patch:
             raises `UncheckedVersionError` unless the user opts in
             (`ALLOW_UNCHECKED_ENV`).
         symptom: What a user sees without it, in the words they would search for.
-        wraps: The attributes it replaces, as dotted paths (`per_instance`: the
-            class, then the attribute it sets on an instance of it).
+        wraps: The attributes it replaces: `"<private name>.<attribute>"`, the name
+            a key of `compat._names` (`"tensorflow trainer._make_function"`), or a
+            public dotted path (`"keras.Model.fit"`); `per_instance`: the class,
+            then the attribute it sets on an instance of it. Before applying, the
+            registry checks that each is there (`compat._names.missing`).
         after: The patches it must wrap: applied before it where both are.
         kind: "workaround" (an upstream bug; `patch_keras()` applies it) or
             "feature" (installed by a kmp feature, at `when`).
         when: Where kmp applies it.
         per_instance: Set on single objects kmp made or was given (a model, its
             optimizer, a `History`), not on a Keras class or module.
+        backend: The Keras backend whose lane installs it ("tensorflow", "jax"; ""
+            for any); the workarounds are the TensorFlow backend's (`patch_keras()`).
     """
 
     name: str
@@ -80,15 +86,14 @@ class Patch:
     kind: str = "workaround"
     when: str = "kmp.compat.patch_keras(), at strategy creation"
     per_instance: bool = False
+    backend: str = ""
+
+    def lane(self) -> str:
+        """The Keras backend it is used on ("" for any)."""
+        return self.backend or ("tensorflow" if self.kind == "workaround" else "")
 
     def installed_version(self) -> str:
-        if self.library == "tensorflow":
-            import tensorflow as tf
-
-            return tf.__version__
-        import keras
-
-        return keras.__version__
+        return _names.library_version(self.library)
 
     def applies_to(self, version: str) -> bool:
         """Whether `version` is one this patch was checked for (never a pre-release)."""
@@ -96,6 +101,10 @@ class Patch:
 
     def checked_range(self) -> str:
         return f"{LIBRARY_NAMES[self.library]} >={self.min_version},<{self.max_version}"
+
+    def targets(self) -> tuple[str, ...]:
+        """The `wraps` entries that name a place in Keras/TensorFlow (checked before applying)."""
+        return tuple(entry for entry in self.wraps if _names.checkable(entry))
 
     def attributes(self) -> tuple[str, ...]:
         """For a per-instance patch: the attribute names it sets on the object."""

@@ -1,7 +1,9 @@
 """Which Keras/TensorFlow versions a patch, or distributed training, is known to work on.
 
 `_decide` is the one version decision every record of `compat._registry` goes
-through: a results-changing patch fails closed outside its checked range.
+through: a results-changing patch fails closed outside its checked range, a patch
+whose check raises cannot tell (the same path), and a patch that wraps a private name
+the installed version lacks (`compat._names`) is refused naming it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 
 from packaging.version import Version
 
+from keras_mgpu_plugins.compat import _names
 from keras_mgpu_plugins.compat._checks import version_predates
 from keras_mgpu_plugins.compat._record import ALLOW_UNCHECKED_ENV, LIBRARY_NAMES, Patch
 
@@ -46,21 +49,37 @@ def check_keras_for_distribution() -> None:
     )
 
 
+def present(patch: Patch) -> tuple[bool | None, str]:
+    """`patch.present()`, and why it cannot tell: a check that raises counts as `None`."""
+    try:
+        return patch.present(), ""
+    except Exception as err:  # noqa: BLE001 - any failure of a check is "cannot tell"
+        return None, f"its check raised {type(err).__name__}: {err}"
+
+
 def _decide(patch: Patch) -> tuple[str, str]:
-    """What to do with `patch`: ("apply" | "skip" | "refuse", why, "" within the checked range)."""
+    """What to do with `patch`: ("apply" | "skip" | "refuse", why, "" within the checked range).
+
+    A private name it wraps that the installed version lacks is refused (skipped with
+    `ALLOW_UNCHECKED_ENV`): it cannot be applied, and nobody knows what Keras does there.
+    """
     version = patch.installed_version()
     if version_predates(version, patch.min_version):
         return "skip", ""  # an older library lacks the code it fixes
-    present = patch.present()
     library = LIBRARY_NAMES[patch.library]
-    if patch.applies_to(version) and present is not False:
+    allowed = os.environ.get(ALLOW_UNCHECKED_ENV) == "1"
+    gone = _names.missing(*patch.targets())
+    if gone:
+        return ("skip" if allowed else "refuse"), f"{library} {version}: {' '.join(gone)}"
+    found, raised = present(patch)
+    if patch.applies_to(version) and found is not False and not raised:
         return "apply", ""
-    state = {True: "still has the code it fixes", False: "no longer has the code it fixes",
-             None: "its code cannot be read"}[present]
+    state = raised or {True: "still has the code it fixes", False: "no longer has the code it "
+                       "fixes", None: "its code cannot be read"}[found]
     why = f"{library} {version} {state}; checked for {patch.checked_range()}"
-    if patch.changes_results and os.environ.get(ALLOW_UNCHECKED_ENV) != "1":
+    if patch.changes_results and not allowed:
         return "refuse", why
-    return ("apply" if present else "skip"), why
+    return ("apply" if found else "skip"), why
 
 
 def _refusal(refused: list[tuple[Patch, str]]) -> str:

@@ -6,6 +6,10 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
 ROOT = Path(__file__).resolve().parents[2]
 CI = (ROOT / ".ci" / "run").read_text()
 README = (ROOT / "README.md").read_text()
@@ -41,7 +45,7 @@ def test_oldest_pair_and_subset_are_the_readmes():
 
 def test_oldest_pair_is_the_lower_bound_pyproject_declares():
     pyproject = (ROOT / "pyproject.toml").read_text()
-    lower = dict(re.findall(r'^\s*"(keras|tensorflow)>=([0-9.]+)"', pyproject, re.M))
+    lower = dict(re.findall(r'^\s*"(keras|tensorflow)>=([0-9.]+)[,"]', pyproject, re.M))
     pins = dict(pin.split("==") for pin in ci_array("OLDEST_PINS"))
     assert pins.keys() == lower.keys() == {"keras", "tensorflow"}
     for name, version in pins.items():
@@ -68,3 +72,52 @@ def test_jax_lane_runs_the_readmes_subset_without_tensorflow():
     assert "export KERAS_BACKEND=jax" in CI and '"${JAX_SUBSET[@]}"' in CI
     for path in ci_array("JAX_SUBSET"):
         assert (ROOT / path.split("::")[0]).exists(), path
+
+
+def ci_function(name: str) -> str:
+    match = re.search(rf"^{name}\(\) {{\n(.*?)^}}$", CI, re.S | re.M)
+    assert match, f".ci/run defines no {name}()"
+    return match.group(1)
+
+
+def test_canary_runs_both_subsets_on_the_newest_keras_nightly_and_is_not_in_all():
+    """`.ci/run canary`: keras-nightly in place of the released Keras (checked: no `keras`
+    distribution left, the module is the nightly's), CI's compatibility subset with TensorFlow
+    and the JAX job's tests without it, each after the patches' verdicts; never in `all`."""
+    all_case = CI.split("\n  all)", 1)[1].split(";;", 1)[0]
+    assert "canary" not in all_case and '"$0" newest' in all_case
+    nightly = ci_function("install_nightly")
+    assert "pip uninstall --quiet --yes keras\n" in nightly
+    assert "pip install --quiet --upgrade keras-nightly\n" in nightly
+    assert 'md.version("keras-nightly")' in nightly and 'md.version("keras")' in nightly
+    for name, extra, subset in (("canary_tensorflow", "tensorflow", "OLDEST_SUBSET"),
+                                ("canary_jax", "jax", "JAX_SUBSET")):
+        body = ci_function(name)
+        assert f'pip install --quiet -e ".[{extra},test]"\n    install_nightly\n' in body, name
+        assert "KMP_ALLOW_UNCHECKED_VERSIONS=1" in body and "python -m keras_mgpu_plugins.compat" in body
+        assert f'pytest_status python -m pytest -q -p no:cacheprovider "${{{subset}[@]}}"' in body
+    assert "export KERAS_BACKEND=jax" in ci_function("canary_jax")
+    canary_case = CI.split("\n  canary)", 1)[1].split(";;", 1)[0]
+    assert '"$0" canary-tensorflow' in canary_case and '"$0" canary-jax' in canary_case
+
+
+def requirement(name: str) -> Requirement:
+    """pyproject.toml's requirement of `name` (a quoted string that starts with it)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    return Requirement(re.search(rf'"({name}[<>=!~ ][^"]*)"', text).group(1))
+
+
+@pytest.mark.parametrize("library", ["keras", "tensorflow"])
+def test_pip_is_given_the_checked_range_of_keras_and_tensorflow(library):
+    """The cap is the first version no record was checked for: `pip install` resolves a pair
+    whose results-changing patches were checked, on the day a new release comes out (which
+    kmp would refuse: UncheckedVersionError); the canary runs that release ahead of time."""
+    from keras_mgpu_plugins.compat import MIN_KERAS_FOR_DISTRIBUTION, PATCHES
+    from keras_mgpu_plugins.compat._checks import CHECKED_BELOW
+
+    bounds = {s.operator: Version(s.version) for s in requirement(library).specifier}
+    assert bounds["<"] == Version(CHECKED_BELOW[library])
+    floor = {"keras": MIN_KERAS_FOR_DISTRIBUTION, "tensorflow": "2.16.0"}[library]
+    assert bounds[">="] == Version(floor)
+    ranges = [p for p in PATCHES if p.library == library]
+    assert max(Version(p.max_version) for p in ranges) == bounds["<"]

@@ -18,6 +18,7 @@ from typing import Any
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.patches.optimizer import clips, overwrite_with_ema
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 
 # --- gradient_accumulation_steps: the update's merge_call runs inside a replica-context cond ---
 
@@ -45,10 +46,9 @@ def patch_gradient_accumulation() -> Any:
     the EMA overwrite's `cond` runs cross-replica (`patches.optimizer`).
     """
     import tensorflow as tf
-    from keras.src import backend
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    original = tf_optimizer.TFOptimizer._backend_apply_gradients
+    variable_class, tf_optimizer = resolve("backend variable"), resolve("tensorflow optimizer")
+    original = tf_optimizer._backend_apply_gradients
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         context = tf.distribute.get_replica_context()
@@ -69,7 +69,7 @@ def patch_gradient_accumulation() -> Any:
             overwrite_with_ema(self, context)
 
     def _apply_or_accumulate(distribution, optimizer, keras_variables, accumulators, sums, shares):
-        variables = [v.value if isinstance(v, backend.Variable) else v for v in keras_variables]
+        variables = [v.value if isinstance(v, variable_class) else v for v in keras_variables]
 
         def apply():
             reduced = shares if clips(optimizer) else distribution.extended.batch_reduce_to(
@@ -98,14 +98,12 @@ def patch_gradient_accumulation() -> Any:
         lr = tf.cast(optimizer.learning_rate, variable.dtype)
         variable.assign_sub(variable * tf.cast(optimizer.weight_decay, variable.dtype) * lr)
 
-    tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
-    return lambda: setattr(tf_optimizer.TFOptimizer, "_backend_apply_gradients", original)
+    tf_optimizer._backend_apply_gradients = _backend_apply_gradients
+    return lambda: setattr(tf_optimizer, "_backend_apply_gradients", original)
 
 
 def accumulation_merges_inside_cond() -> bool | None:
-    from keras.src.optimizers import base_optimizer
-
-    return source_has(base_optimizer.BaseOptimizer._backend_apply_gradients,
+    return source_has(resolve("base optimizer")._backend_apply_gradients,
                       "ops.cond(", "_backend_increment_gradient_accumulators")
 
 
@@ -134,11 +132,9 @@ def patch_jit_compile() -> Any:
     metrics of the forward pass); an overriding one is refused with
     `jit_compile=True` (`refuse_unsupported_settings`).
     """
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-    from keras.src.optimizers import base_optimizer
-
-    original = tf_trainer.TensorFlowTrainer._make_function
-    original_apply_gradients = base_optimizer.BaseOptimizer.apply_gradients
+    trainer, base_optimizer = resolve("tensorflow trainer"), resolve("base optimizer")
+    original = trainer._make_function
+    original_apply_gradients = base_optimizer.apply_gradients
 
     def apply_gradients(self, grads_and_vars):
         pending = getattr(_recording, "pending", None)
@@ -162,12 +158,12 @@ def patch_jit_compile() -> Any:
         finally:
             self._jit_compile = True
 
-    base_optimizer.BaseOptimizer.apply_gradients = apply_gradients
-    tf_trainer.TensorFlowTrainer._make_function = _make_function
+    base_optimizer.apply_gradients = apply_gradients
+    trainer._make_function = _make_function
 
     def undo():
-        base_optimizer.BaseOptimizer.apply_gradients = original_apply_gradients
-        tf_trainer.TensorFlowTrainer._make_function = original
+        base_optimizer.apply_gradients = original_apply_gradients
+        trainer._make_function = original
 
     return undo
 
@@ -175,15 +171,15 @@ def patch_jit_compile() -> Any:
 def _xla_per_replica(model: Any, step_function: Any) -> Any:
     """`step_function` with its stateless part compiled by XLA, its state written after."""
     import tensorflow as tf
-    from keras.src.backend.common.stateless_scope import StatelessScope
 
+    stateless_scope = resolve("stateless scope")
     traced: dict[str, Any] = {}  # the Python side of the last trace (the same for every one)
 
     @tf.function(jit_compile=True, reduce_retracing=True)
     def compiled(data):
         _recording.pending = pending = []
         try:
-            with StatelessScope() as scope:
+            with stateless_scope() as scope:
                 outputs = step_function(data)
         except RuntimeError as err:
             if "merge_call" not in str(err):
@@ -220,10 +216,8 @@ def _xla_per_replica(model: Any, step_function: Any) -> Any:
 
 
 def jit_compiles_the_distributed_step() -> bool | None:
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
     # The module's source: `_make_function` itself may be another patch's by now.
-    return source_has(tf_trainer, "self.distribute_strategy.run(step_function",
+    return source_has(resolve("tensorflow trainer module"), "self.distribute_strategy.run(step_function",
                       "jit_compile=self.jit_compile")
 
 
@@ -250,11 +244,11 @@ def patch_compile_in_model_scope() -> Any:
     distributing strategy, `compile` runs in that strategy's scope.
     """
     import tensorflow as tf
-    from keras.src.trainers import trainer
 
-    # Replaced on the base `Trainer`, not on `TensorFlowTrainer`: `compile_from_config`
+    # Replaced on the base trainer, not on the TensorFlow one: `compile_from_config`
     # (loading a compiled model) compiles only if `type(model).compile is Trainer.compile`.
-    original = trainer.Trainer.compile
+    trainer = resolve("base trainer")
+    original = trainer.compile
 
     @functools.wraps(original)
     def compile(self, *args, **kwargs):
@@ -264,11 +258,9 @@ def patch_compile_in_model_scope() -> Any:
         with strategy.scope():
             return original(self, *args, **kwargs)
 
-    trainer.Trainer.compile = compile
-    return lambda: setattr(trainer.Trainer, "compile", original)
+    trainer.compile = compile
+    return lambda: setattr(trainer, "compile", original)
 
 
 def compile_makes_loss_tracker_in_current_scope() -> bool | None:
-    from keras.src.trainers import trainer
-
-    return source_has(trainer.Trainer.compile, 'self._loss_tracker = metrics_module.Mean(name="loss")')
+    return source_has(resolve("base trainer").compile, 'self._loss_tracker = metrics_module.Mean(name="loss")')

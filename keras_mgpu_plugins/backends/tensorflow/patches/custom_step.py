@@ -15,6 +15,7 @@ from typing import Any
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 
 # --- keras-team/keras#21800: the distributed symbolic build calls the model ---------
 
@@ -38,9 +39,9 @@ def patch_build_without_call() -> Any:
     build the layers in the factory).
     """
     import keras
-    from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    trainer = resolve("tensorflow trainer")
+    original = trainer._maybe_symbolic_build
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if type(self).call is not keras.Model.call or self._distribute_strategy is None:
@@ -52,14 +53,12 @@ def patch_build_without_call() -> Any:
                 optimizer.build(self.trainable_variables)
         return None
 
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+    trainer._maybe_symbolic_build = _maybe_symbolic_build
+    return lambda: setattr(trainer, "_maybe_symbolic_build", original)
 
 
 def symbolic_build_calls_the_model() -> bool | None:
-    from keras.src.trainers import trainer
-
-    return source_has(trainer.Trainer._symbolic_build, "compute_output_spec(self, x",
+    return source_has(resolve("base trainer")._symbolic_build, "compute_output_spec(self, x",
                       "Unable to automatically build the model")
 
 
@@ -93,13 +92,11 @@ def patch_scaled_loss_logs() -> Any:
     scaled loss (metric results) are unchanged; any other function of one
     (`exp(loss)`) is warned about once, naming its key.
     """
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-    from keras.src.losses import loss as loss_module
-    from keras.src.metrics import reduction_metrics
-
+    trainer, loss_module = resolve("tensorflow trainer"), resolve("loss module")
+    mean = resolve("reduction metrics module").Mean
     scale, unscale = loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution
-    update_state = reduction_metrics.Mean.update_state
-    make_function = tf_trainer.TensorFlowTrainer._make_function
+    update_state = mean.update_state
+    make_function = trainer._make_function
 
     def scale_loss_for_distribution(value):
         return _mark(scale(value), value, _SCALED)
@@ -118,22 +115,20 @@ def patch_scaled_loss_logs() -> Any:
 
     loss_module.scale_loss_for_distribution = scale_loss_for_distribution
     loss_module.unscale_loss_for_distribution = unscale_loss_for_distribution
-    reduction_metrics.Mean.update_state = mean_update_state
-    tf_trainer.TensorFlowTrainer._make_function = _make_function
+    mean.update_state = mean_update_state
+    trainer._make_function = _make_function
 
     def undo():
         loss_module.scale_loss_for_distribution = scale
         loss_module.unscale_loss_for_distribution = unscale
-        reduction_metrics.Mean.update_state = update_state
-        tf_trainer.TensorFlowTrainer._make_function = make_function
+        mean.update_state = update_state
+        trainer._make_function = make_function
 
     return undo
 
 
 def losses_scaled_for_distribution() -> bool | None:
-    from keras.src.losses import loss as loss_module
-
-    return source_has(loss_module.reduce_values, "scale_loss_for_distribution(loss)")
+    return source_has(resolve("loss module").reduce_values, "scale_loss_for_distribution(loss)")
 
 
 def _mark(out: Any, value: Any, attribute: str) -> Any:
@@ -146,8 +141,7 @@ def _mark(out: Any, value: Any, attribute: str) -> Any:
 
 
 def _unscaling_logs(model: Any, step_function: Any, unscale: Any) -> Any:
-    from keras.src import tree
-
+    tree = resolve("tree")
     owner = type(model).__name__
 
     def step(data):

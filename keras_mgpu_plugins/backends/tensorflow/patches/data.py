@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 
 
 def patch_py_dataset_pool_sigterm() -> Any:
@@ -27,8 +28,7 @@ def patch_py_dataset_pool_sigterm() -> Any:
     `signal.signal` in Python is left alone). The data, and the order
     the workers deliver it in, do not change.
     """
-    from keras.src.trainers.data_adapters import py_dataset_adapter
-
+    py_dataset_adapter = resolve("py_dataset adapter module")
     original = py_dataset_adapter.init_pool_generator
 
     def init_pool_generator(gens, random_seed=None, id_queue=None):
@@ -44,8 +44,7 @@ def patch_py_dataset_pool_sigterm() -> Any:
 
 
 def pool_initializer_keeps_sigterm() -> bool | None:
-    from keras.src.trainers.data_adapters import py_dataset_adapter
-
+    py_dataset_adapter = resolve("py_dataset adapter module")
     return (source_has(py_dataset_adapter.OrderedEnqueuer._get_executor_init,
                        "initializer=init_pool_generator")
             and not source_has(py_dataset_adapter.init_pool_generator, "SIGTERM"))
@@ -79,9 +78,9 @@ def patch_numpy_function_owned_outputs() -> Any:
     that is not aligned.
     """
     import numpy as np
-    from tensorflow.python.ops import script_ops
 
-    original = script_ops.FuncRegistry.__dict__["__call__"]
+    registry = resolve("numpy_function registry")
+    original = registry.__dict__["__call__"]
 
     def owned(value: Any) -> Any:
         if isinstance(value, np.ndarray) and value.dtype != object:  # strings are copied anyway
@@ -92,15 +91,14 @@ def patch_numpy_function_owned_outputs() -> Any:
         ret = original(self, token, device, args)
         return [owned(v) for v in ret] if isinstance(ret, list) else owned(ret)
 
-    script_ops.FuncRegistry.__call__ = __call__
-    return lambda: setattr(script_ops.FuncRegistry, "__call__", original)
+    registry.__call__ = __call__
+    return lambda: setattr(registry, "__call__", original)
 
 
 def numpy_function_aliases_outputs() -> bool | None:
-    from tensorflow.python.ops import script_ops
-
     # TensorFlow 2.16 converts with `np.asarray(value, ...)`, 2.18 on with
     # `numpy_compat.np_asarray(value, ...)`: neither copies an array that fits.
-    convert = script_ops.FuncRegistry._convert
-    return (source_has(script_ops.FuncRegistry.__call__, "return self._convert(ret)")
+    registry = resolve("numpy_function registry")
+    convert = registry._convert
+    return (source_has(registry.__call__, "return self._convert(ret)")
             and (source_has(convert, "np_asarray(value") or source_has(convert, "np.asarray(value")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 
@@ -18,8 +19,6 @@ def distributing(strategy: Any) -> bool:
     The one answer to "is this distributed?": several replicas in sync, or Keras's own
     test of a multi-worker strategy (the one that picks Keras's multi-worker code paths).
     """
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
     require("collective_all_reduce_multi_worker")
-    return strategy.num_replicas_in_sync > 1 or tf_trainer._collective_all_reduce_multi_worker(
+    return strategy.num_replicas_in_sync > 1 or resolve("collective_all_reduce_multi_worker")(
         strategy)

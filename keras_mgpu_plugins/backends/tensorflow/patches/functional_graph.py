@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 __all__ = [
@@ -48,10 +49,8 @@ def node_of(tensor: Any) -> Any:
 
 def current_device() -> str:
     """The device scope in effect now (eager), as TensorFlow spells it; '' for none."""
-    from tensorflow.python.eager import context
-
     require("eager_context")
-    return context.context().device_name or ""
+    return resolve("eager context").context().device_name or ""
 
 
 def call_index(node: Any) -> int:
@@ -102,8 +101,8 @@ def compute_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any) ->
     """Keras's training loss for one (micro-)batch, tracked in the 'loss' metric as fit does."""
     import keras
     import tensorflow as tf
-    from keras.src.losses import loss as loss_module
 
+    loss_module = resolve("loss module")
     loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                training=True)
     rows = tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0]

@@ -16,6 +16,7 @@ API names it). Known for TensorFlow 2.16 to 2.21 (`Context.host_address_space`).
 
 from __future__ import annotations
 
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 __all__ = ["collective_ops_configured", "this_task"]
@@ -23,15 +24,11 @@ __all__ = ["collective_ops_configured", "this_task"]
 
 def collective_ops_configured() -> bool:
     """Whether a multi-worker strategy already configured this process's collective ops."""
-    from tensorflow.python.eager import context
-
     require("eager_context")
-    return getattr(context.context(), "_collective_ops_server_def", None) is not None
+    return getattr(resolve("eager context").context(), "_collective_ops_server_def", None) is not None
 
 
 def this_task() -> str:
     """This process's address space, e.g. `/job:worker/replica:0/task:1` (starts the runtime)."""
-    from tensorflow.python.eager import context
-
     require("eager_context")
-    return context.context().host_address_space()
+    return resolve("eager context").context().host_address_space()

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 _FULL = "_kmp_full_batches_left"  # on a distributed iterator: full batches not fetched yet
@@ -39,24 +40,23 @@ _LOCAL = "_kmp_full_batches_here"  # this worker's count, before the workers agr
 
 
 def patch_full_batch_executions() -> Any:
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-
+    iterator_class, array_adapter = resolve("tensorflow epoch iterator"), resolve("array data adapter")
     require("collective_all_reduce_multi_worker")
     require("distributed_input_lib")
-    original = tf_trainer.TFEpochIterator._get_iterator
+    multi_worker = resolve("collective_all_reduce_multi_worker")
+    original = iterator_class._get_iterator
 
     def _get_iterator(self):
         dataset = original(self)
         strategy = self._distribute_strategy
-        if (strategy is None or not tf_trainer._collective_all_reduce_multi_worker(strategy)
-                or not isinstance(self.data_adapter, ArrayDataAdapter)):
+        if (strategy is None or not multi_worker(strategy)
+                or not isinstance(self.data_adapter, array_adapter)):
             return dataset
         adapter = self.data_adapter
         return _Counted(dataset, adapter.num_batches - int(adapter.has_partial_batch))
 
-    tf_trainer.TFEpochIterator._get_iterator = _get_iterator
-    return lambda: setattr(tf_trainer.TFEpochIterator, "_get_iterator", original)
+    iterator_class._get_iterator = _get_iterator
+    return lambda: setattr(iterator_class, "_get_iterator", original)
 
 
 class _Counted:
@@ -107,14 +107,11 @@ def fetch_full_batch(iterator: Any) -> Any:
 def checks_input_every_step() -> bool | None:
     """TensorFlow still checks across workers at every fetch (and can skip it); Keras still
     makes each epoch's iterator with `iter(self._get_iterator())`."""
-    from keras.src.trainers import epoch_iterator
-    from tensorflow.python.distribute import input_lib
-
-    iterator = input_lib.DistributedIterator
+    iterator = resolve("distributed iterator")
     if not hasattr(iterator, "_get_next_no_partial_batch_handling"):
         return False
     found = (source_has(iterator.get_next_as_optional, "_calculate_replicas_with_values("),
-             source_has(epoch_iterator.EpochIterator._enumerate_iterator,
+             source_has(resolve("epoch iterator")._enumerate_iterator,
                         "iter(self._get_iterator())"))
     if False in found:
         return False

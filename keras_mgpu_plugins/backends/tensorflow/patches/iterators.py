@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 #: The thread that destroys released iterators (its name, for tests and stack dumps).
@@ -65,23 +66,22 @@ def patch_release_iterators_off_thread() -> Any:
     was only measured on several workers. Should one destruction take over
     60 s, iterators are no longer kept (one warning).
     """
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-
+    iterator_class, array_adapter = resolve("tensorflow epoch iterator"), resolve("array data adapter")
     require("collective_all_reduce_multi_worker")
-    original = tf_trainer.TFEpochIterator._get_iterator
+    multi_worker = resolve("collective_all_reduce_multi_worker")
+    original = iterator_class._get_iterator
 
     def _get_iterator(self):
         dataset = original(self)
         release_unused()  # earlier calls' iterators, whatever this one's input
         if (_stalled or self._distribute_strategy is None
-                or not tf_trainer._collective_all_reduce_multi_worker(self._distribute_strategy)
-                or not isinstance(self.data_adapter, ArrayDataAdapter)):
+                or not multi_worker(self._distribute_strategy)
+                or not isinstance(self.data_adapter, array_adapter)):
             return dataset
         return _Kept(dataset)
 
-    tf_trainer.TFEpochIterator._get_iterator = _get_iterator
-    return lambda: setattr(tf_trainer.TFEpochIterator, "_get_iterator", original)
+    iterator_class._get_iterator = _get_iterator
+    return lambda: setattr(iterator_class, "_get_iterator", original)
 
 
 class _Kept:
@@ -200,7 +200,5 @@ def _release_all_at_exit() -> None:
 
 
 def keeps_iterator_on_training_thread() -> bool | None:
-    from keras.src.trainers import epoch_iterator
-
-    return source_has(epoch_iterator.EpochIterator._enumerate_iterator,
+    return source_has(resolve("epoch iterator")._enumerate_iterator,
                       "self._current_iterator = iter(self._get_iterator())")

@@ -7,6 +7,7 @@ from typing import Any
 
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 
 #: Smallest magnitude float16 rounds to inf (its largest finite value is 65504).
 FLOAT16_OVERFLOW = 65520.0
@@ -37,11 +38,10 @@ def patch_loss_scale_finiteness() -> Any:
     the scale as one device does. Finite gradients pass unchanged.
     """
     import tensorflow as tf
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-    from keras.src.optimizers import loss_scale_optimizer as lso
 
-    original = lso.LossScaleOptimizer._tf_apply
-    original_reduce = tf_optimizer.TFOptimizer._all_reduce_sum_gradients
+    loss_scale, tf_optimizer = resolve("loss scale optimizer"), resolve("tensorflow optimizer")
+    original = loss_scale._tf_apply
+    original_reduce = tf_optimizer._all_reduce_sum_gradients
 
     def _tf_apply(self, grads, trainable_variables=None):
         context = tf.distribute.get_replica_context()
@@ -73,12 +73,12 @@ def patch_loss_scale_finiteness() -> Any:
             return list(grads_and_vars)
         return original_reduce(self, grads_and_vars)
 
-    lso.LossScaleOptimizer._tf_apply = _tf_apply
-    tf_optimizer.TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+    loss_scale._tf_apply = _tf_apply
+    tf_optimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
 
     def undo():
-        lso.LossScaleOptimizer._tf_apply = original
-        tf_optimizer.TFOptimizer._all_reduce_sum_gradients = original_reduce
+        loss_scale._tf_apply = original
+        tf_optimizer._all_reduce_sum_gradients = original_reduce
 
     return undo
 
@@ -104,8 +104,6 @@ def fits_float16(local: list[Any], reduced: list[Any]) -> Any:
 
 
 def loss_scale_takes_first_replica() -> bool | None:
-    from keras.src.optimizers import loss_scale_optimizer as lso
-
-    method = lso.LossScaleOptimizer.__dict__.get("_tf_apply")
+    method = resolve("loss scale optimizer").__dict__.get("_tf_apply")
     return None if method is None else source_has(
         method, "experimental_local_results", ")[0]", "check_finite")

@@ -2,9 +2,12 @@
 
 `patch_clip_after_all_reduce` clips the all-reduced gradient, as one device
 clips the global batch's (no keras-team/keras issue found; the closest is
-tensorflow/tensorflow#33929, where tf.keras refused clipping under a strategy); `overwrite_with_ema` runs the EMA overwrite's `cond` in the
-cross-replica context. Both apply only under a strategy that spans replicas or
-workers (`distributing`); one device keeps Keras's code.
+tensorflow/tensorflow#33929, where tf.keras refused clipping under a strategy);
+`overwrite_with_ema` runs the EMA overwrite's `cond` in the cross-replica context
+where Keras does not (Keras 3.15 runs it in the replica context, which TensorFlow
+refuses; keras-nightly 3.16.0.dev's TensorFlow optimizer runs it cross-replica itself,
+`_backend_maybe_overwrite_model_variables`, and is left to it). Both apply only under
+a strategy that spans replicas or workers (`distributing`); one device keeps Keras's code.
 `patch_sum_duplicate_slices` sums the slices of a sparse gradient that share a
 row before the update, under a distributing strategy and for the models
 `kmp.parallelize` builds on one device (`mark_sums_duplicate_slices`).
@@ -17,6 +20,7 @@ from typing import Any
 
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 
@@ -38,28 +42,32 @@ def patch_clip_after_all_reduce() -> Any:
     gradients are all-reduced first, then clipped (every replica holds the same
     sum, so every replica clips the same way), then weight decay and the update
     run as upstream's, without a second all-reduce. The EMA update and its
-    overwrite follow (`overwrite_with_ema`).
+    overwrite follow (`overwrite_with_ema`). Without clipping, a Keras whose
+    overwrite runs in the replica context (`ema_overwrite_in_replica_context`)
+    has its overwrite taken over the same way; a Keras that runs it
+    cross-replica itself keeps its own code.
     """
     import tensorflow as tf
-    from keras.src import backend
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
 
-    original = tf_optimizer.TFOptimizer._backend_apply_gradients
+    variable_class, tf_optimizer = resolve("backend variable"), resolve("tensorflow optimizer")
+    original = tf_optimizer._backend_apply_gradients
+    ema_fix_needed = ema_overwrite_in_replica_context()
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         context = tf.distribute.get_replica_context()
         strategy = self._distribution_strategy
+        overwrites = self.use_ema and self.ema_overwrite_frequency and ema_fix_needed
         if (self.gradient_accumulation_steps or context is None or not distributing(strategy)
-                or not (clips(self) or (self.use_ema and self.ema_overwrite_frequency))):
+                or not (clips(self) or overwrites)):
             return original(self, grads, trainable_variables)
         if clips(self):
             pairs = self._all_reduce_sum_gradients(list(zip(grads, trainable_variables, strict=True)))
             grads = self._clip_gradients([g for g, _ in pairs])
             self._apply_weight_decay(trainable_variables)
-            variables = [v.value if isinstance(v, backend.Variable) else v
+            variables = [v.value if isinstance(v, variable_class) else v
                          for v in trainable_variables]
             require("tf_maybe_merge_call")
-            tf.__internal__.distribute.interim.maybe_merge_call(
+            resolve("maybe_merge_call")(
                 self._distributed_tf_update_step, strategy,
                 list(zip(grads, variables, strict=True)), self.learning_rate)
         else:
@@ -69,21 +77,25 @@ def patch_clip_after_all_reduce() -> Any:
             self._update_model_variables_moving_average(self._trainable_variables)
             overwrite_with_ema(self, context)
 
-    tf_optimizer.TFOptimizer._backend_apply_gradients = _backend_apply_gradients
-    return lambda: setattr(tf_optimizer.TFOptimizer, "_backend_apply_gradients", original)
+    tf_optimizer._backend_apply_gradients = _backend_apply_gradients
+    return lambda: setattr(tf_optimizer, "_backend_apply_gradients", original)
 
 
 def overwrite_with_ema(optimizer: Any, context: Any) -> None:
     """Every `ema_overwrite_frequency` updates, the model's variables take their averages.
 
-    Upstream tests this with a `cond` in the replica context whose branch
+    Keras 3.15 tests this with a `cond` in the replica context whose branch
     updates mirrored variables (a `merge_call`), which TensorFlow refuses
     there. The `cond` runs in the cross-replica context instead, on the
-    iteration count every replica and worker shares.
+    iteration count every replica and worker shares. A Keras that does so
+    itself (`_backend_maybe_overwrite_model_variables`) runs its own.
     """
     import tensorflow as tf
 
     if not optimizer.ema_overwrite_frequency:
+        return
+    if not ema_overwrite_in_replica_context():
+        optimizer._backend_maybe_overwrite_model_variables(optimizer._trainable_variables)
         return
 
     def cross_replica(distribution):
@@ -98,10 +110,16 @@ def overwrite_with_ema(optimizer: Any, context: Any) -> None:
 
 
 def clips_before_all_reduce() -> bool | None:
-    from keras.src.optimizers import base_optimizer
-
-    return source_has(base_optimizer.BaseOptimizer._backend_apply_gradients,
+    return source_has(resolve("base optimizer")._backend_apply_gradients,
                       "grads = self._clip_gradients(grads)", "self._backend_update_step(")
+
+
+def ema_overwrite_in_replica_context() -> bool:
+    """Whether Keras's TensorFlow optimizer leaves the EMA overwrite's `cond` in the replica
+    context (Keras 3.15), rather than running it cross-replica itself (keras-nightly
+    3.16.0.dev: `_backend_maybe_overwrite_model_variables`, with a `merge_call`)."""
+    own = vars(resolve("tensorflow optimizer")).get("_backend_maybe_overwrite_model_variables")
+    return own is None or source_has(own, "merge_call") is False
 
 
 #: Set on an optimizer whose sparse gradients are summed per row on one device as well.
@@ -147,9 +165,8 @@ def patch_sum_duplicate_slices() -> Any:
     and N devices agree for every lookup (plain Keras on one device does not
     sum: see docs/distribution_matrix.md). SGD is linear: unchanged.
     """
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-
-    original = tf_optimizer.TFOptimizer._all_reduce_sum_gradients
+    tf_optimizer = resolve("tensorflow optimizer")
+    original = tf_optimizer._all_reduce_sum_gradients
 
     @functools.wraps(original)  # `present` checks read Keras's source through it
     def _all_reduce_sum_gradients(self, grads_and_vars):
@@ -159,14 +176,12 @@ def patch_sum_duplicate_slices() -> Any:
             return reduced
         return [(sum_duplicate_slices(g), v) for g, v in reduced]
 
-    tf_optimizer.TFOptimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
-    return lambda: setattr(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", original)
+    tf_optimizer._all_reduce_sum_gradients = _all_reduce_sum_gradients
+    return lambda: setattr(tf_optimizer, "_all_reduce_sum_gradients", original)
 
 
 def keeps_duplicate_slices() -> bool | None:
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-
-    method = tf_optimizer.TFOptimizer.__dict__.get("_all_reduce_sum_gradients")
+    method = resolve("tensorflow optimizer").__dict__.get("_all_reduce_sum_gradients")
     if method is None:
         return None
     keeps = source_has(method, "all_reduce(")

@@ -33,6 +33,7 @@ from typing import Any
 
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 
 
 def patch_adopt_outside_state() -> Any:
@@ -43,9 +44,9 @@ def patch_adopt_outside_state() -> Any:
     factory). One device keeps Keras's code.
     """
     import tensorflow as tf
-    from keras.src.trainers import trainer
 
-    original = trainer.Trainer.compile
+    base_trainer = resolve("base trainer")
+    original = base_trainer.compile
 
     @functools.wraps(original)
     def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -56,8 +57,8 @@ def patch_adopt_outside_state() -> Any:
                 adopt(given, strategy, self)
         return original(self, *args, **kwargs)
 
-    trainer.Trainer.compile = compile
-    return lambda: setattr(trainer.Trainer, "compile", original)
+    base_trainer.compile = compile
+    return lambda: setattr(base_trainer, "compile", original)
 
 
 def wrap_compile(model: Any, strategy: Any) -> None:
@@ -85,11 +86,8 @@ def wrap_compile(model: Any, strategy: Any) -> None:
 
 def optimizer_takes_strategy_at_construction() -> bool | None:
     """Whether Keras still makes `iterations` and captures the strategy in the constructor."""
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer
-    from keras.src.optimizers import base_optimizer
-
-    made = source_has(base_optimizer.BaseOptimizer.__init__, 'name="iteration"')
-    captured = source_has(tf_optimizer.TFOptimizer.__init__,
+    made = source_has(resolve("base optimizer").__init__, 'name="iteration"')
+    captured = source_has(resolve("tensorflow optimizer").__init__,
                           "self._distribution_strategy = tf.distribute.get_strategy()")
     return None if made is None or captured is None else made and captured
 

@@ -17,13 +17,14 @@ from keras_mgpu_plugins.backends.tensorflow.patches.input_check import (
 )
 from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
+from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.compat._private_uses import require
 
 # --- keras-team/keras#20585 (1/2): symbolic build reduces the per-replica batch ---
 
 
 def patch_symbolic_build() -> Any:
-    """`TensorFlowTrainer._maybe_symbolic_build` takes one local replica's batch.
+    """The TensorFlow trainer's `_maybe_symbolic_build` takes one local replica's batch.
 
     Upstream reduces the first distributed batch with `strategy.reduce("MEAN",
     batch, axis=None)` to get example shapes; under MultiWorkerMirroredStrategy that
@@ -38,10 +39,9 @@ def patch_symbolic_build() -> Any:
     traced for its devices, a prefetch thread) on every `fit`/`evaluate` call.
     """
     import tensorflow as tf
-    from keras.src import tree
-    from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    original = tf_trainer.TensorFlowTrainer._maybe_symbolic_build
+    tree, trainer = resolve("tree"), resolve("tensorflow trainer")
+    original = trainer._maybe_symbolic_build
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if self._distribute_strategy is None or _all_built(self):
@@ -67,8 +67,8 @@ def patch_symbolic_build() -> Any:
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)
 
-    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_maybe_symbolic_build", original)
+    trainer._maybe_symbolic_build = _maybe_symbolic_build
+    return lambda: setattr(trainer, "_maybe_symbolic_build", original)
 
 
 def _all_built(model: Any) -> bool:
@@ -104,16 +104,13 @@ def patch_reduce_per_replica() -> Any:
     would average over a batch axis for anything else). The mean across
     replicas is `axis=None`.
     """
-    from keras.src import tree
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
+    tree, tf_trainer = resolve("tree"), resolve("tensorflow trainer module")
     require("collective_all_reduce_multi_worker")
+    multi_worker = resolve("collective_all_reduce_multi_worker")
     original = tf_trainer.reduce_per_replica
 
     def reduce_per_replica(values, strategy, reduction):
-        if reduction in ("auto", "mean") and tf_trainer._collective_all_reduce_multi_worker(
-            strategy
-        ):
+        if reduction in ("auto", "mean") and multi_worker(strategy):
             return tree.map_structure(
                 lambda v: strategy.reduce("MEAN", v, axis=None), values
             )
@@ -124,16 +121,13 @@ def patch_reduce_per_replica() -> Any:
 
 
 def symbolic_build_reduces_batch() -> bool | None:
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    method = tf_trainer.TensorFlowTrainer.__dict__.get("_maybe_symbolic_build")
+    method = resolve("tensorflow trainer").__dict__.get("_maybe_symbolic_build")
     return None if method is None else source_has(method, "reduce(", '"MEAN"')
 
 
 def reduce_per_replica_uses_axis_0() -> bool | None:
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    return source_has(tf_trainer.reduce_per_replica, 'strategy.reduce("MEAN", v, axis=0)')
+    return source_has(resolve("tensorflow trainer module").reduce_per_replica,
+                      'strategy.reduce("MEAN", v, axis=0)')
 
 
 # --- keras-team/keras#19246: steps_per_execution > 1 under a distributing strategy -----
@@ -154,8 +148,6 @@ def refuse_unsupported_settings(model: Any) -> None:
             a custom step may rely on (e.g. metrics of the updated weights); and
             with a synchronized BatchNormalization (no collective runs in XLA).
     """
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
     from keras_mgpu_plugins.compat._private import all_layers
 
     strategy = strategy_name(model.distribute_strategy)
@@ -182,7 +174,7 @@ def refuse_unsupported_settings(model: Any) -> None:
             "statistics' all-reduce cannot run. Received: jit_compile=True. Use "
             "jit_compile=False (or 'auto'), or sync_batchnorm=False."
         )
-    if type(model).train_step is not tf_trainer.TensorFlowTrainer.train_step:
+    if type(model).train_step is not resolve("tensorflow trainer").train_step:
         raise ValueError(
             f"compile(jit_compile=True) with a model that overrides train_step "
             f"({type(model).__name__}.train_step) is not supported under "
@@ -218,9 +210,9 @@ def patch_steps_per_execution() -> Any:
     (`patches.input_check`, its own patch: without it, every execution checks).
     """
     import tensorflow as tf
-    from keras.src.backend.tensorflow import trainer as tf_trainer
 
-    original = tf_trainer.TensorFlowTrainer._make_function
+    trainer, tf_trainer = resolve("tensorflow trainer"), resolve("tensorflow trainer module")
+    original = trainer._make_function
 
     def _make_function(self, step_function):
         if not distributing(self.distribute_strategy):
@@ -295,12 +287,10 @@ def patch_steps_per_execution() -> Any:
         function._kmp_full_batch_loop = full_batch_steps
         return function
 
-    tf_trainer.TensorFlowTrainer._make_function = _make_function
-    return lambda: setattr(tf_trainer.TensorFlowTrainer, "_make_function", original)
+    trainer._make_function = _make_function
+    return lambda: setattr(trainer, "_make_function", original)
 
 
 def multi_step_conds_the_step() -> bool | None:
-    from keras.src.backend.tensorflow import trainer as tf_trainer
-
-    return source_has(tf_trainer, "tf.cond(", "has_next",  # the module: _make_function may be patched
+    return source_has(resolve("tensorflow trainer module"), "tf.cond(", "has_next",  # the module: _make_function may be patched
                        "one_step_on_data(next_optional_inputs.get_value())")
