@@ -24,7 +24,7 @@ import gc
 import common
 
 SIZES = {
-    "gpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 4, "budget_mb": 1024,
+    "gpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 4, "budget_mb": 512,
             "devices": 1},
     "cpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 2, "budget_mb": 16,
             "devices": 1, "cpu_width": 64},

@@ -41,14 +41,14 @@ SCHEMA = "kmp-gpu-run/1"
 #: add up to TOTAL_S: the whole run, JAX's compilations included, in 8 minutes. The dry
 #: run's are only a guard against a hang (a loaded CI machine compiles slowly).
 PARTS = (
-    ("ceilings", 25, 90, "bf16 matmul rate and device-to-device copy, in this run; devices, nvidia-smi"),
-    ("tests", 75, 240, "the JAX lane's tests marked gpu (tests/gpu), on the real device"),
-    ("throughput", 200, 300, "ResNet-style CNN and small transformer, bf16: kmp + all callbacks "
+    ("ceilings", 20, 90, "bf16 matmul rate and device-to-device copy, in this run; devices, nvidia-smi"),
+    ("tests", 70, 240, "the JAX lane's tests marked gpu (tests/gpu), on the real device"),
+    ("throughput", 215, 300, "ResNet-style CNN and small transformer, bf16: kmp + all callbacks "
                             "vs plain Keras-JAX (goal >= 0.99); model FLOPs utilisation"),
     ("checkpoint", 60, 120, "a >= 1 GB model: training blocked per save, sync vs async_save=True "
                            "vs keras.callbacks.OrbaxCheckpoint(save_on_background=True)"),
     ("fingerprint", 25, 90, "WeightSyncVerifier's fingerprints vs a device-to-device copy"),
-    ("memory", 60, 240, "model_parallel's ModelTooLargeError against the real bytes_limit; "
+    ("memory", 55, 240, "model_parallel's ModelTooLargeError against the real bytes_limit; "
                         "model_parallel_memory_jax.py's GPU path (peak_bytes_in_use)"),
     ("torch", 30, 90, "the torch lane's GPU path (skipped while keras_mgpu_plugins.backends.torch "
                       "is not present)"),

@@ -48,12 +48,16 @@ def classifier(optimizer="sgd", width: int = 256) -> keras.Model:
 
 def test_parallelize_trains_on_the_device_as_plain_keras(device, record):
     x, y = data()
-    with jax.default_matmul_precision("highest"):  # no TF32: the two sides within 1e-5
+    before = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")  # no TF32: within 1e-5
+    try:
         model = kmp.parallelize(classifier)()
         held = {d for v in model.weights for d in v.value.devices()}
         history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
         plain = classifier()
         plain.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    finally:
+        jax.config.update("jax_default_matmul_precision", before)
     diff = max(float(np.max(np.abs(a - b)))
                for a, b in zip(model.get_weights(), plain.get_weights(), strict=True))
     record(devices=sorted(map(str, held)), weights_max_abs_diff=diff, loss=history.history["loss"])
