@@ -18,6 +18,11 @@ ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
 
 
 def run(rec: common.Recorder, size: dict) -> None:
+    with rec.step("planned_devices"):  # before JAX starts: what kmp.topology() would name
+        from keras_mgpu_plugins.backends.jax.devices import planned_device_names
+        from keras_mgpu_plugins.cluster.local_devices import _has_gpu_driver
+
+        rec.put(planned_devices=list(planned_device_names()), gpu_driver=_has_gpu_driver())
     with rec.step("devices"):
         import jax
 

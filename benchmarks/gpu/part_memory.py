@@ -24,10 +24,12 @@ import gc
 import common
 
 SIZES = {
+    # platform named: "auto" asks kmp's planned_device_names, which without
+    # CUDA_VISIBLE_DEVICES names the CPU even where a GPU driver is (see part_ceilings)
     "gpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 4, "budget_mb": 512,
-            "devices": 1},
+            "devices": 1, "platform": "gpu"},
     "cpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 2, "budget_mb": 16,
-            "devices": 1, "cpu_width": 64},
+            "devices": 1, "platform": "cpu", "cpu_width": 64},
 }
 
 
@@ -35,7 +37,8 @@ def run(rec: common.Recorder, size: dict) -> None:
     with rec.step("benchmark"):  # first: its processes need the GPU's memory, not yet taken
         import model_parallel_memory_jax as bench
 
-        rec.put(benchmark=bench.measure(size["budget_mb"], steps=2, devices=size["devices"]))
+        rec.put(benchmark=bench.measure(size["budget_mb"], steps=2, devices=size["devices"],
+                                         platform=size["platform"]))
     import jax
 
     stats = jax.devices()[0].memory_stats()
@@ -91,6 +94,9 @@ def check_case(size: dict, limit: int | None, share: float, train: bool) -> dict
                         if need else {}))
         del err
         gc.collect()
+        import jax
+
+        found["memory_stats_after_error"] = jax.devices()[0].memory_stats()  # model freed?
         return found
     found.update(raised=False, needs=[vars(n) for n in memory.needs(model)])
     if train:
