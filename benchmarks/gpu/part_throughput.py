@@ -35,7 +35,7 @@ SIZES = {
     "gpu": {"resnet": {"batch": 1024, "image": 32, "widths": [64, 128, 256, 512], "blocks": 2},
             "transformer": {"batch": 64, "seq": 512, "dim": 512, "heads": 8, "depth": 6,
                             "vocab": 8192},
-            "fit_seconds": 3.0, "rounds": 3, "min_steps": 20, "matmul_n": 8192},
+            "fit_seconds": 2.5, "rounds": 3, "min_steps": 20, "matmul_n": 8192},
     "cpu": {"resnet": {"batch": 4, "image": 8, "widths": [4], "blocks": 1},
             "transformer": {"batch": 2, "seq": 8, "dim": 8, "heads": 2, "depth": 1,
                             "vocab": 16},
