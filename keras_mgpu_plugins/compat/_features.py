@@ -69,7 +69,22 @@ def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: 
                  per_instance=per_instance)
 
 
+_PS = "keras_mgpu_plugins.backends.tensorflow.patches.parameter_server"
+_PS_WHEN = ("a ParameterServerStrategy created or given to kmp (kmp.parallelize(strategy="
+            "'parameter_server'), kmp.strategy.get_strategy(your_strategy))")
+
 FEATURES: tuple[Patch, ...] = (
+    # The innermost of the wrappers of keras.Model.fit: it replaces Keras's own fit for a
+    # parameter-server model; every other wrapper (the watchdog, the progress bars, ...) wraps it.
+    _feature(
+        "parameter_server_methods", f"{_PS}:wrap_methods",
+        "model.fit / evaluate / predict under tf.distribute.experimental.ParameterServerStrategy "
+        "fail: 'To use this dataset, you need to pass this dataset to ClusterCoordinator."
+        "create_per_worker_dataset' (Keras 3 has no parameter-server fit)",
+        tuple(f"keras.Model.{m}" for m in ("fit", "evaluate", "predict", "train_on_batch",
+                                           "test_on_batch", "predict_on_batch")),
+        _PS_WHEN, lambda: _fit_takes("steps_per_epoch", "validation_freq"),
+        upstream="https://github.com/keras-team/keras/issues/18624"),
     _feature(
         "chief_only_progress_bars", "keras_mgpu_plugins._worker_output:wrap_model_methods",
         "every worker of a multi-worker job prints the same progress bar (N interleaved copies "
@@ -77,7 +92,7 @@ FEATURES: tuple[Patch, ...] = (
         ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"),
         "creating a strategy that spans workers (kmp.parallelize, kmp-launch; on JAX, once "
         "kmp finds or starts jax.distributed over several processes)",
-        lambda: _fit_takes("verbose")),
+        lambda: _fit_takes("verbose"), after=("parameter_server_methods",)),
     # Inside the same-callbacks check: that check compares the callbacks each worker was
     # given, not the watchdog the launcher adds to every worker's fit alike.
     _feature(

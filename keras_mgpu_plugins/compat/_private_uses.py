@@ -232,6 +232,17 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
                checks.check_input_lib, "Use a TensorFlow version in that range.",
                library="tensorflow"),
+    PrivateUse("parameter_server_trainer", f"{checks.TF_TRAINER}.TensorFlowTrainer."
+               "_distribute_strategy (set to None around evaluate/predict on the chief), "
+               "Trainer._symbolic_build(data_batch=) (the variables made before any step), "
+               "keras.src.backend.common.stateless_scope.in_stateless_scope and "
+               "keras.src.backend.common.variables (Variable.assign_add's source) for the "
+               "atomic_variable_updates patch",
+               "kmp's parameter-server fit, evaluate and predict "
+               "(backends/tensorflow/parameter_server)", "3.10.0", _MAX,
+               lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches."
+                                   "ps_trainer", "check_trainer"),
+               "Use a Keras version in that range."),
     PrivateUse("jax_initialize_rng", "keras.src.backend.jax.distribution_lib.initialize_rng "
                "(what keras.distribution.initialize runs after jax.distributed.initialize)",
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,
@@ -267,6 +278,13 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "or build it in the @kmp.parallelize factory."),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
+
+
+def _lazy_check(module: str, name: str) -> list[str]:
+    """A check defined beside the code that relies on the private API."""
+    import importlib
+
+    return importlib.import_module(module).__dict__[name]()
 
 
 def _missing(module: str, name: str) -> list[str]:

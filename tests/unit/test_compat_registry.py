@@ -57,11 +57,15 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
               if len(names) > 1}
     assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
                            "_all_reduce_sum_gradients", "_get_iterator", "fit", "evaluate",
-                           "predict", "compile", "compile (instance)"}
-    assert shared["fit"] == ["chief_only_progress_bars", "stall_watchdog_on_every_fit",
-                             "same_callbacks_on_every_worker", "jax_inputs_as_on_one_device"]
-    assert shared["evaluate"] == shared["predict"] == ["chief_only_progress_bars",
+                           "predict", "compile", "compile (instance)", "train_on_batch",
+                           "test_on_batch", "predict_on_batch"}
+    assert shared["fit"] == ["parameter_server_methods", "chief_only_progress_bars",
+                             "stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
+                             "jax_inputs_as_on_one_device"]
+    assert shared["evaluate"] == shared["predict"] == ["parameter_server_methods",
+                                                       "chief_only_progress_bars",
                                                        "jax_inputs_as_on_one_device"]
+    assert shared["train_on_batch"] == ["parameter_server_methods", "jax_inputs_as_on_one_device"]
     assert shared["compile"] == ["compile_in_model_strategy_scope",
                                  "compile_adopts_state_made_outside",
                                  "jax_compile_under_model_distribution"]
@@ -157,6 +161,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     _same_callbacks.install()
     stall_watchdog.add_to_every_fit(30)
     compat.apply("placed_model_clone_warning")
+    compat.apply("parameter_server_methods")  # as a parameter-server strategy applies it
     objects = instances()
     own = {name: {a: vars(obj).get(a) for a in _record(name).attributes()}  # Keras sets `build`
            for name, (obj, *_) in objects.items()}

@@ -1,0 +1,217 @@
+"""Parameter-server training on localhost: a chief, 1-2 workers and 1-2 parameter servers,
+real gRPC (`kmp.launch(fn, num_workers=N, num_ps=P)`, `kmp-launch -n N --ps P`).
+
+Each launch starts 3-5 TensorFlow processes on a 2-core machine: the tests are few, each
+checks several things of one run, and the model is tiny.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import keras_mgpu_plugins as kmp
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(420)]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROWS, BATCH, EPOCHS = 70, 16, 3  # 5 steps per epoch, the last one partial
+
+
+def data(rows=ROWS):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.1).astype("float32")
+    return x, y
+
+
+def build(steps_per_execution=1, learning_rate=0.05):
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="mse", metrics=["mae"],
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+def train(strategy=None, epochs=EPOCHS, callbacks=()):
+    """Trains `build()` on `data()`: one device (`strategy=None`) or in the launched cluster."""
+    model = (kmp.parallelize(strategy=strategy)(build) if strategy else build)()
+    x, y = data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
+                        validation_data=(x[:20], y[:20]), callbacks=list(callbacks))
+    return {"weights": model.get_weights(), "history": history.history,
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "evaluate": model.evaluate(x, y, verbose=0, return_dict=True),
+            "predict": model.predict(x[:5], verbose=0),
+            "test_on_batch": model.test_on_batch(x[:8], y[:8], return_dict=True),
+            "placement": sorted({v.value.device for v in model.variables})}
+
+
+def test_one_worker_trains_as_one_device():
+    """With one worker each step sees the previous one's update: synchronous, as one device."""
+    ours = kmp.launch(train, num_workers=1, num_ps=1, args=("parameter_server",),
+                      timeout=400)
+    assert len(ours) == 1  # fn ran on the chief only
+    ours, one = ours[0], train()
+    assert ours["iterations"] == one["iterations"] == EPOCHS * 5
+    for a, b in zip(ours["weights"], one["weights"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    for key in one["history"]:  # val_ too: evaluated on the chief, as on one device
+        np.testing.assert_allclose(ours["history"][key], one["history"][key], rtol=1e-5)
+    for key in ("evaluate", "test_on_batch"):
+        assert ours[key] == pytest.approx(one[key], rel=1e-5)
+    np.testing.assert_allclose(ours["predict"], one["predict"], atol=1e-6)
+    assert ours["placement"] == ["/job:ps/replica:0/task:0/device:CPU:0"]  # every variable
+
+
+class Seen:
+    """Records what the chief's callbacks were given (a callback runs on the chief)."""
+
+    @staticmethod
+    def callback():
+        import keras
+
+        class Recorder(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.batches, self.epochs, self.begun = [], [], []
+
+            def on_train_batch_begin(self, batch, logs=None):
+                self.begun.append(batch)
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.batches.append((batch, sorted(logs)))
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.epochs.append((epoch, sorted(logs), float(logs["loss"])))
+
+        return Recorder()
+
+
+def train_with_callbacks(folder, without_atomic_updates=False):
+    """Two workers, two parameter servers, kmp's callbacks and Keras's History on the chief."""
+    import keras
+
+    from keras_mgpu_plugins import compat
+
+    model = kmp.parallelize(strategy="parameter_server")(build)(steps_per_execution=2)
+    if without_atomic_updates:
+        compat.remove("atomic_variable_updates")
+    x, y = data(rows=160)
+    recorder = Seen.callback()
+    callbacks = [
+        recorder,
+        kmp.callbacks.ModelCheckpoint(os.path.join(folder, "best.keras"), save_best_only=True,
+                                      monitor="val_loss"),
+        kmp.callbacks.EarlyStopping(monitor="val_loss", patience=50),
+        kmp.callbacks.BackupAndRestore(os.path.join(folder, "backup")),
+    ]
+    history = model.fit(x, y, batch_size=8, epochs=4, validation_data=(x[:40], y[:40]),
+                        callbacks=callbacks, verbose=0)
+    best = keras.models.load_model(os.path.join(folder, "best.keras"))
+    return {"iterations": int(model.optimizer.iterations.numpy()), "history": history.history,
+            "batches": recorder.batches, "begun": recorder.begun, "epochs": recorder.epochs,
+            "best_val_loss": float(best.evaluate(x[:40], y[:40], verbose=0)[0]),
+            "shards": sorted({v.value.device for v in model.trainable_variables}),
+            "backup_left": os.path.exists(os.path.join(folder, "backup"))}
+
+
+def test_two_workers_two_parameter_servers_callbacks_on_the_chief(tmp_path):
+    result = kmp.launch(train_with_callbacks, num_workers=2, num_ps=2, args=(str(tmp_path),),
+                        timeout=400)[0]
+    steps = 160 // 8  # per epoch, in closures of steps_per_execution=2
+    assert result["iterations"] == 4 * steps  # every step of both workers counted
+    assert result["begun"] == list(range(0, steps, 2)) * 4
+    assert [b for b, _ in result["batches"]] == list(range(1, steps, 2)) * 4
+    assert all(keys == ["loss", "mae"] for _, keys in result["batches"])
+    assert [e for e, *_ in result["epochs"]] == [0, 1, 2, 3]
+    assert result["epochs"][0][1] == ["loss", "mae", "val_loss", "val_mae"]
+    losses = result["history"]["loss"]
+    assert losses[-1] < losses[0] / 4  # asynchronous training converges
+    assert result["best_val_loss"] == pytest.approx(min(result["history"]["val_loss"]),
+                                                    rel=1e-4)
+    assert not result["backup_left"]  # BackupAndRestore removes its backup after training
+    assert result["shards"] == ["/job:ps/replica:0/task:0/device:CPU:0",
+                                "/job:ps/replica:0/task:1/device:CPU:0"]  # round-robin
+
+
+def test_without_atomic_updates_two_workers_lose_steps(tmp_path):
+    """`kmp.compat` record atomic_variable_updates: without it, Keras's read-then-write
+    assign_add lets two workers overwrite each other's count."""
+    result = kmp.launch(train_with_callbacks, num_workers=2, num_ps=1,
+                        args=(str(tmp_path), True), timeout=400)[0]
+    assert result["iterations"] < 4 * (160 // 8)
+
+
+def train_on_datasets():
+    """tf.data and a dataset function as fit's x, with steps_per_execution; evaluate and
+    predict on datasets."""
+    import tensorflow as tf
+
+    model = kmp.parallelize(strategy="parameter_server")(build)(steps_per_execution=3)
+    x, y = data()
+    finite = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)  # 5 batches
+    first = model.fit(finite, epochs=2, verbose=0)
+    after_finite = int(model.optimizer.iterations.numpy())
+
+    def dataset_fn(input_context):
+        rows = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(70).batch(10)
+        return rows.repeat()
+
+    second = model.fit(dataset_fn, steps_per_epoch=7, epochs=2, verbose=0,
+                       validation_data=lambda: finite)
+    return {"after_finite": after_finite, "iterations": int(model.optimizer.iterations.numpy()),
+            "first": first.history, "second": second.history,
+            "evaluate": model.evaluate(finite, verbose=0, return_dict=True),
+            "predict_rows": len(model.predict(finite.map(lambda a, b: a), verbose=0))}
+
+
+def test_datasets_and_steps_per_execution():
+    result = kmp.launch(train_on_datasets, num_workers=2, num_ps=1, timeout=400)[0]
+    assert result["after_finite"] == 2 * 5  # the dataset's cardinality is the epoch
+    assert result["iterations"] == 2 * 5 + 2 * 7  # steps_per_epoch, 3 per closure, last 1
+    assert set(result["second"]) == {"loss", "mae", "val_loss", "val_mae"}
+    assert result["second"]["loss"][-1] < result["first"]["loss"][0]
+    assert result["predict_rows"] == ROWS and result["evaluate"]["loss"] > 0
+
+
+SCRIPT = """
+import numpy as np
+import keras
+import keras_mgpu_plugins as kmp
+
+@kmp.parallelize  # "auto": parameter servers, from the launcher's TF_CONFIG
+def build():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+model = build()
+x = np.ones((32, 2), "float32")
+model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=2)
+print("STRATEGY", type(model.distribute_strategy).__name__, model.optimizer.iterations.numpy())
+"""
+
+
+def test_kmp_launch_command_runs_the_script_on_the_chief(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", "2",
+                           "--ps", "1", "--log-dir", str(tmp_path / "logs"), str(script)],
+                          capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[chief] STRATEGY ParameterServerStrategyV2 8" in done.stdout
+    assert "[chief] Epoch 2/2" in done.stdout
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["chief.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+    assert "serves at" in (tmp_path / "logs" / "ps-0.log").read_text()
