@@ -243,6 +243,14 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches."
                                    "ps_trainer", "check_trainer"),
                "Use a Keras version in that range."),
+    PrivateUse("tf_sharded_variable", "tensorflow.python.distribute.sharded_variable."
+               "ShardedVariable (.variables: the shards a variable_partitioner makes)",
+               "kmp's partitioned variables under parameter servers (patches.sharded)",
+               "2.16.0", _TF_MAX,
+               lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches.sharded",
+                                   "check_sharded_variable"),
+               "Use a TensorFlow version in that range, or variable_partitioner=None.",
+               library="tensorflow"),
     PrivateUse("jax_initialize_rng", "keras.src.backend.jax.distribution_lib.initialize_rng "
                "(what keras.distribution.initialize runs after jax.distributed.initialize)",
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,

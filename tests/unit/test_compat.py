@@ -198,6 +198,20 @@ def test_use_parameter_server_trainer():
     assert ps_trainer.check_trainer() == []
 
 
+def test_use_tf_sharded_variable():
+    """A partitioned variable is a ShardedVariable whose shards hold consecutive rows."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    from keras_mgpu_plugins.backends.tensorflow.patches import sharded
+
+    shards = [tf.Variable(tf.ones((2, 3))), tf.Variable(tf.zeros((1, 3)))]
+    table = ShardedVariable(shards)
+    assert sharded.is_sharded(table) and not sharded.is_sharded(shards[0])
+    assert table.variables == shards and tuple(table.shape) == (3, 3)
+    assert sharded.check_sharded_variable() == []
+
+
 def test_use_print_msg(capsys, monkeypatch):
     compat.keras_print_msg("saved it")
     assert capsys.readouterr().out == "saved it\n"

@@ -151,6 +151,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     it), then `unpatch_keras()`: every attribute is the original object again."""
     from keras_mgpu_plugins import _same_callbacks, _worker_output
     from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster as ps_cluster
     from keras_mgpu_plugins.callbacks import stall_watchdog
 
     paths = [w for p in compat.PATCHES if not p.per_instance and not p.name.startswith("jax_")
@@ -161,7 +162,8 @@ def test_unpatch_keras_puts_back_every_original(clean):
     _same_callbacks.install()
     stall_watchdog.add_to_every_fit(30)
     compat.apply("placed_model_clone_warning")
-    compat.apply("parameter_server_methods")  # as a parameter-server strategy applies it
+    for name in ps_cluster.RECORDS:  # as a parameter-server strategy applies them
+        compat.apply(name)
     objects = instances()
     own = {name: {a: vars(obj).get(a) for a in _record(name).attributes()}  # Keras sets `build`
            for name, (obj, *_) in objects.items()}

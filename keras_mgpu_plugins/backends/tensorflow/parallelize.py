@@ -92,6 +92,8 @@ def _parameter_server(factory: Callable[..., Any] | None, devices: Any, require_
                 f"{name} does not apply to strategy='parameter_server': each worker runs whole "
                 "steps of the model on its own device, asynchronously, with the variables on "
                 f"the parameter servers. Received: {name}={value!r}. Leave {name} out.")
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server import report
+
     topo = topology()
     if topo.serves:
         from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import serve
@@ -107,6 +109,7 @@ def _parameter_server(factory: Callable[..., Any] | None, devices: Any, require_
                 model = fn(*args, **kwargs)
             _check_model(fn, model, active, require_compiled)
             _sum_duplicate_slices(model)
+            report.record(model, topo.num_ps)  # kmp.placement_report: the parameter servers
             return model
 
         wrapper.strategy = lambda: _strategy.get_strategy(  # type: ignore[attr-defined]

@@ -86,14 +86,21 @@ def make_partitioner(partition: Any, num_ps: int) -> Any:
         max_shards=partition.max_shards or num_ps)
 
 
+#: The `kmp.compat` records a parameter-server strategy needs (`patches.parameter_server`,
+#: `patches.sharded`).
+RECORDS = ("atomic_variable_updates", "parameter_server_methods", "partitioned_initialization",
+           "sharded_embedding_lookup", "sharded_gradient_sources", "sharded_optimizer_updates",
+           "sharded_optimizer_slots")
+
+
 def adopt(strategy: Any) -> Any:
     """Makes `strategy` kmp's: its coordinator, and kmp's `fit`/`evaluate`/`predict` for the
-    models built in its scope (`kmp.compat` records `parameter_server_methods`,
-    `atomic_variable_updates`). Returns the coordinator."""
+    models built in its scope, with their partitioned variables (`RECORDS`). Returns the
+    coordinator."""
     from keras_mgpu_plugins.compat import _registry
 
-    _registry.apply("atomic_variable_updates")
-    _registry.apply("parameter_server_methods")
+    for name in RECORDS:
+        _registry.apply(name)
     return coordinator_of(strategy)
 
 

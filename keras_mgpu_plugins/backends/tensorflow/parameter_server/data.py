@@ -154,6 +154,12 @@ def _dataset_input(coordinator: Any, x: Any, steps: int | None) -> DatasetInput:
         traced = tf.function(make).get_concrete_function()
         spec = traced.structured_outputs.element_spec
         graph = traced.graph.as_graph_def()
+        if any(t.dtype == tf.variant for t in traced.captured_inputs):
+            raise ValueError(
+                f"{name} cannot be made on each worker: it returns a dataset made outside it, "
+                "which lives in the chief's process. Build the dataset inside the function "
+                "(tf.data.Dataset.from_tensor_slices(...), TFRecordDataset(...) in its body), "
+                "or pass the dataset itself as x.")
     python = _python_ops(graph)
     if python:
         raise ValueError(
