@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.backends.tensorflow.parameter_server.steps import IN_FLIGHT_PER_WORKER
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -318,3 +319,93 @@ def test_without_the_record_a_task_holds_the_whole_table(record, task):
     peaks = kmp.launch(train_large_table_without, num_workers=1, num_ps=2, args=(record,),
                        timeout=400)[0]["peaks"]
     assert peaks[task] > TABLE_BYTES, peaks
+
+
+def _task_pid(task_type, index):
+    """The pid of this job's task (a sibling of the chief under the launcher), or None."""
+    import json
+
+    import psutil
+
+    for p in psutil.Process().parent().children():
+        try:
+            task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task", {})
+        except psutil.Error:
+            continue
+        if task == {"type": task_type, "index": index}:
+            return p.pid
+    return None
+
+
+def train_through_a_lost_worker(kill_at=(1, 10), rejoined_closures=20, max_seconds=240):
+    """Two workers; worker 1 is killed (SIGKILL) mid-epoch. Training goes on; the launcher
+    starts it again; the chief stops once worker 1 ran `rejoined_closures` closures again."""
+    import collections
+    import signal
+    import threading
+    import time
+
+    import keras
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    done = collections.Counter()  # closures each worker finished (test instrumentation)
+    lock = threading.Lock()
+    process_closure = cluster_coordinator.Worker._process_closure
+
+    def counting(self, closure):
+        result = process_closure(self, closure)
+        with lock:
+            done[self.worker_index] += 1
+        return result
+
+    cluster_coordinator.Worker._process_closure = counting
+    seen = {}
+
+    class KillWorkerOne(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch) == kill_at and "killed_at" not in seen:
+                seen["pid"] = _task_pid("worker", 1)
+                seen["done_before"] = dict(done)
+                os.kill(seen["pid"], signal.SIGKILL)
+                seen["killed_at"] = time.monotonic()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_epoch_end(self, epoch, logs=None):
+            time.sleep(0.2)  # an epoch lasts long enough for worker 1 to come back
+            if "killed_at" not in seen:
+                return
+            if "back" not in seen and done[1] > seen["done_before"].get(1, 0):
+                seen["back"] = time.monotonic() - seen["killed_at"]
+                seen["back_from"] = done[1]
+            back = done[1] - seen.get("back_from", done[1])
+            if back >= rejoined_closures or time.monotonic() - seen["killed_at"] > max_seconds:
+                self.model.stop_training = True
+
+    model = kmp.parallelize(strategy="parameter_server")(build)()
+    x, y = data(rows=320)
+    history = model.fit(x, y, batch_size=16, epochs=1000, callbacks=[KillWorkerOne()],
+                        verbose=0)
+    ended = time.monotonic()
+    return {"iterations": int(model.optimizer.iterations.numpy()),
+            "epochs": len(history.history["loss"]), "loss": history.history["loss"],
+            "done": dict(done), "done_before": seen["done_before"], "back": seen.get("back"),
+            "continued": ended - seen["killed_at"], "new_pid": _task_pid("worker", 1),
+            "old_pid": seen["pid"]}
+
+
+def test_a_worker_killed_mid_epoch_costs_no_step_and_rejoins(capfd):
+    result = kmp.launch(train_through_a_lost_worker, num_workers=2, num_ps=1, timeout=400)[0]
+    print({k: v for k, v in result.items() if k != "loss"})
+    # No step lost. The closures in flight on the lost worker may have updated the variables
+    # before it died, and are run again elsewhere: at most that many steps run twice
+    # (measured: 1061 for 1060, one).
+    extra = result["iterations"] - result["epochs"] * 20
+    assert 0 <= extra <= IN_FLIGHT_PER_WORKER, result["iterations"]
+    assert result["new_pid"] not in (None, result["old_pid"])  # the launcher started it again
+    assert result["back"] is not None  # ...and the chief sent it closures again
+    assert result["done"][1] - result["done_before"].get(1, 0) >= 20
+    assert result["done"][0] > result["done_before"][0]  # worker 0 went on meanwhile
+    assert result["loss"][-1] < result["loss"][0]
+    assert "worker 1 of the parameter-server cluster exited (signal SIGKILL" in capfd.readouterr().err
