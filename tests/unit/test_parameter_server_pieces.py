@@ -94,3 +94,66 @@ def test_batch_size_beside_a_dataset_is_refused():
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
     with pytest.raises(ValueError, match="batch_size applies to NumPy inputs.*batch_size=4"):
         ps_data.make(None, dataset, None, None, 4, True, None, None)
+
+
+def test_a_callback_needing_every_worker_is_refused_naming_it():
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server import fit as ps_fit
+
+    ps_fit.check_callbacks([kmp.callbacks.EarlyStopping(), kmp.callbacks.BackupAndRestore("b")])
+    with pytest.raises(ValueError) as info:
+        ps_fit.check_callbacks([kmp.callbacks.WeightSyncVerifier()])
+    message = str(info.value)
+    assert "WeightSyncVerifier needs every worker" in message and "only the chief runs fit" in message
+    assert "strategy='mirrored' and 'multi_worker'" in message
+
+
+PS_CLUSTER = {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]}
+
+
+def chief_of(monkeypatch, cluster=PS_CLUSTER, task="chief"):
+    import json
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": task, "index": 0}}))
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker"])
+def test_all_reduce_on_a_parameter_server_cluster_is_refused(monkeypatch, strategy):
+    import keras_mgpu_plugins as kmp
+
+    chief_of(monkeypatch)
+    with pytest.raises(ValueError) as info:
+        kmp.parallelize(strategy=strategy)
+    message = str(info.value)
+    assert f"strategy={strategy!r}" in message and 'strategy="parameter_server"' in message
+    assert "ps=['localhost:3']" in message
+
+
+def test_parameter_server_without_parameter_servers_says_how_to_start_them(monkeypatch):
+    import keras_mgpu_plugins as kmp
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="kmp-launch -n 2 --ps 1 train.py"):
+        kmp.parallelize(strategy="parameter_server")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"devices": ["/cpu:0"]}, "devices does not apply to strategy='parameter_server'"),
+    ({"sync_batchnorm": True}, "sync_batchnorm does not apply"),
+    ({"micro_batches": 2}, "micro_batches does not apply"),
+])
+def test_arguments_of_other_strategies_are_refused(monkeypatch, kwargs, fragment):
+    import keras_mgpu_plugins as kmp
+
+    chief_of(monkeypatch)  # refused before the chief connects
+    with pytest.raises(ValueError, match=fragment):
+        kmp.parallelize(strategy="parameter_server", **kwargs)
+
+
+def test_partitioning_without_parameter_servers_is_refused(monkeypatch):
+    import keras_mgpu_plugins as kmp
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="apply to strategy='parameter_server'.*max_shards=2"):
+        kmp.parallelize(strategy="mirrored", max_shards=2)
