@@ -44,7 +44,8 @@ class ArrayInput:
         self.batches_per_pass = math.ceil(self.rows / batch_size)
         self.steps = steps or self.batches_per_pass
         self._order: list[np.ndarray] = []  # batches dealt out, in order, not yet read
-        self._rng = np.random.default_rng()
+        # Seeded from NumPy's global generator: keras.utils.set_random_seed fixes the order.
+        self._rng = np.random.default_rng(np.random.randint(2**31))
 
     def element(self) -> Any:
         """The first batch's shapes and dtypes (to build the model before any step)."""

@@ -119,11 +119,19 @@ def train_on_batch(model: Any, keras_method: Any, x: Any, y: Any = None, sample_
 def num_workers() -> int:
     """The workers of the cluster this chief is connected to (their devices, as TensorFlow
     lists them once connected)."""
+    return max(1, _tasks_of("worker"))
+
+
+def num_ps() -> int:
+    """The parameter servers of the cluster this chief is connected to."""
+    return _tasks_of("ps")
+
+
+def _tasks_of(job: str) -> int:
     import tensorflow as tf
 
-    tasks = {d.name.split("/device:")[0] for d in tf.config.list_logical_devices()
-             if "/job:worker/" in d.name}
-    return max(1, len(tasks))
+    return len({d.name.split("/device:")[0] for d in tf.config.list_logical_devices()
+                if f"/job:{job}/" in d.name})
 
 
 def check_model(model: Any, method: str) -> None:
