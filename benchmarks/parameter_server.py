@@ -72,7 +72,7 @@ def convergence_job(strategy: str | None, seeds: list[int], epochs: int) -> list
     y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32") + 0.1).astype("float32")
     losses = []
     for seed in seeds:
-        def build():
+        def build(seed: int = seed) -> keras.Model:
             keras.utils.set_random_seed(seed)
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                                       keras.layers.Dense(1)])

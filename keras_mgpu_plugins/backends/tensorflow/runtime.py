@@ -77,10 +77,10 @@ class TensorFlowRuntime(Runtime):
             "tensorflow_version": tf.__version__,
         }
         if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            from keras_mgpu_plugins.backends.tensorflow.parameter_server import fit
+            from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster
 
             # The chief alone runs fit (num_workers 1 for kmp's callbacks): the cluster's size.
-            described.update(ps_workers=fit.num_workers(), parameter_servers=fit.num_ps())
+            described.update(ps_workers=cluster.num_workers(), parameter_servers=cluster.num_ps())
         return described
 
     # --- the replicas of this worker (WeightSyncVerifier) --------------------------------

@@ -111,6 +111,24 @@ def coordinator_of(strategy: Any) -> Any:
     return tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
+def num_workers() -> int:
+    """The workers of the cluster this chief is connected to (their devices, as TensorFlow
+    lists them once connected)."""
+    return max(1, _tasks_of("worker"))
+
+
+def num_ps() -> int:
+    """The parameter servers of the cluster this chief is connected to."""
+    return _tasks_of("ps")
+
+
+def _tasks_of(job: str) -> int:
+    import tensorflow as tf
+
+    return len({d.name.split("/device:")[0] for d in tf.config.list_logical_devices()
+                if f"/job:{job}/" in d.name})
+
+
 def check_same_partition(strategy: Any, partition: Any) -> None:
     """Raises if a second factory asks for other shards than the strategy was made with."""
     made = getattr(strategy, "_kmp_partition", None)

@@ -27,7 +27,10 @@ from typing import Any
 
 from keras_mgpu_plugins.backends.tensorflow.parameter_server import data as _data
 from keras_mgpu_plugins.backends.tensorflow.parameter_server import steps as _steps
-from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import coordinator_of
+from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import (
+    coordinator_of,
+    num_workers,
+)
 from keras_mgpu_plugins.backends.tensorflow.patches import ps_trainer as _private
 
 
@@ -114,24 +117,6 @@ def train_on_batch(model: Any, keras_method: Any, x: Any, y: Any = None, sample_
                                              args=source.args(1)).fetch()
     logs = dict(_metrics_or_logs(model, logs))
     return logs if return_dict else _in_order(model, logs)
-
-
-def num_workers() -> int:
-    """The workers of the cluster this chief is connected to (their devices, as TensorFlow
-    lists them once connected)."""
-    return max(1, _tasks_of("worker"))
-
-
-def num_ps() -> int:
-    """The parameter servers of the cluster this chief is connected to."""
-    return _tasks_of("ps")
-
-
-def _tasks_of(job: str) -> int:
-    import tensorflow as tf
-
-    return len({d.name.split("/device:")[0] for d in tf.config.list_logical_devices()
-                if f"/job:{job}/" in d.name})
 
 
 def check_model(model: Any, method: str) -> None:
