@@ -71,7 +71,7 @@ def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: 
 
 _PS = "keras_mgpu_plugins.backends.tensorflow.patches.parameter_server"
 _PS_WHEN = ("a ParameterServerStrategy created or given to kmp (kmp.parallelize(strategy="
-            "'parameter_server'), kmp.strategy.get_strategy(your_strategy))")
+            "'parameter_server'), or strategy=your_parameter_server_strategy)")
 
 _SHARDED = "keras_mgpu_plugins.backends.tensorflow.patches.sharded"
 _TF_CORE = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/core.py"
