@@ -25,6 +25,10 @@ class TopologyError(ValueError):
     """The environment describes a cluster that cannot be used."""
 
 
+class StrategyError(RuntimeError):
+    """A strategy cannot be created as asked (`kmp.strategy.StrategyError`)."""
+
+
 class RuntimeAlreadyStartedError(RuntimeError):
     """The backend's runtime started before devices could be configured."""
 

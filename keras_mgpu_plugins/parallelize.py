@@ -27,6 +27,9 @@ def parallelize(
     micro_batches: int | None = None,
     sync_batchnorm: bool = False,
     layout_map: Any = None,
+    variable_partitioner: Any = "auto",
+    min_shard_bytes: int | None = None,
+    max_shards: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -39,6 +42,9 @@ def parallelize(
     micro_batches: int | None = None,
     sync_batchnorm: bool = False,
     layout_map: Any = None,
+    variable_partitioner: Any = "auto",
+    min_shard_bytes: int | None = None,
+    max_shards: int | None = None,
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -60,6 +66,10 @@ def parallelize(
             see docs/model_parallelism.md), `"hybrid"` (several workers train data
             parallel, each with the model placed over its own devices as
             `"model_parallel"` does; on one worker it is `"model_parallel"`), or a
+            `"parameter_server"` (TensorFlow: the variables live on the cluster's parameter
+            servers, the chief runs the script and sends the steps to the workers, which
+            train asynchronously: docs/parameter_server.md; `"auto"` picks it when
+            `TF_CONFIG`, or `kmp-launch --ps`, has `"ps"` tasks), or a
             `tf.distribute.Strategy` instance. One strategy per process: every
             factory decorated with the same choice shares it. A
             `MultiWorkerMirroredStrategy` of your own gets the Keras fixes of
@@ -85,6 +95,16 @@ def parallelize(
             key that matches no variable, or a layout that cannot shard a variable
             evenly, raises. Refused on TensorFlow (its model parallelism places layers,
             it does not shard variables).
+        variable_partitioner: `"parameter_server"` only: how variables are split over
+            the parameter servers. `"auto"`: along their first axis, in shards of at
+            least `min_shard_bytes` and at most `max_shards` (an embedding table of
+            millions of rows goes to every parameter server, a small kernel stays
+            whole); `None`: every variable whole, placed round-robin; or a
+            `tf.distribute.experimental.partitioners.Partitioner` of your own.
+        min_shard_bytes: For `variable_partitioner="auto"`: the smallest shard
+            (default 256 KiB, TensorFlow's advice).
+        max_shards: For `variable_partitioner="auto"`: the most shards of one variable
+            (default: the number of parameter servers).
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -113,7 +133,11 @@ def parallelize(
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
     from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins.cluster.partition import Partition
 
+    partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
+    extra = {} if partition.is_default else {"partition": partition}
     return backends.current().parallelize_factory(
         factory, strategy=strategy, devices=devices, require_compiled=require_compiled,
-        micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map)
+        micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map,
+        **extra)

@@ -57,7 +57,18 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
             `StallWatchdog` with this timeout in every `fit`, or `None`. Applied as
             soon as Keras is imported (now, if it is): the bootstrap itself never
             imports Keras for it, so the script may still choose its backend first.
+
+    A worker or parameter server of a parameter-server cluster (`TF_CONFIG` with `"ps"`
+    tasks, `kmp-launch --ps`) runs TensorFlow's server here and never returns: only the
+    chief runs the script.
     """
+    from keras_mgpu_plugins.cluster.topology import topology_from_env
+
+    plan = topology_from_env(os.environ)
+    if plan.serves:
+        from keras_mgpu_plugins import backends
+
+        backends.current().serve_parameter_server(plan)  # never returns
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
         from keras_mgpu_plugins import backends
 
@@ -109,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     from keras_mgpu_plugins.cluster.topology import topology
 
-    prepare(create_strategy=topology().is_multi_worker)
+    plan = topology()
+    prepare(create_strategy=plan.is_multi_worker and not plan.is_parameter_server_cluster)
     try:
         run_program(target, rest, is_module)
     except SystemExit:

@@ -17,7 +17,10 @@ set of functions, importing its framework only when one is called:
 - `summary_writer(logdir)`: TensorBoard scalars, `write(step, {tag: value})` and `close()`;
 - `parallelize_factory(factory, **options)`: `kmp.parallelize` on this backend;
 - `join_job()`: join a multi-worker job before any user code (`kmp-launch` workers,
-  `python -m keras_mgpu_plugins.run`): TensorFlow's strategy, or `jax.distributed`.
+  `python -m keras_mgpu_plugins.run`): TensorFlow's strategy, or `jax.distributed`;
+- `serve_parameter_server(topology)` (TensorFlow only: `run.prepare` refuses parameter
+  servers on other backends first): a worker or parameter server of a parameter-server
+  cluster runs TensorFlow's server and never returns.
 """
 
 from __future__ import annotations

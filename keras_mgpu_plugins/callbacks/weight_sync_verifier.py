@@ -89,6 +89,11 @@ class WeightSyncVerifier(keras.callbacks.Callback):
         >>> model.fit(x, y, epochs=10, callbacks=[kmp.callbacks.WeightSyncVerifier(sync_stats=True)])
     """
 
+    #: Why it needs every worker in fit: under parameter servers (only the chief runs fit,
+    #: the variables live once) kmp refuses it, naming this.
+    needs_every_worker = ("it compares the copies of the weights that every replica and "
+                          "worker holds")
+
     def __init__(self, check_freq: str | int = _freq.UNSET, on_mismatch: str = "raise",
                  sync_stats: bool = False, statistics: Sequence[str] = DEFAULT_STATISTICS,
                  check_on_train_begin: bool = True, *, every_n_epochs: int | None = _freq.UNSET,

@@ -36,21 +36,25 @@ from keras_mgpu_plugins.cluster.slurm import (
 from keras_mgpu_plugins.cluster.slurm import int_env as _int_env
 from keras_mgpu_plugins.errors import TopologyError
 
-__all__ = ["DEFAULT_SLURM_PORT_BASE", "PS_REFUSAL", "SLURM_STEP_VARS", "TRAINING_TASK_TYPES",
+__all__ = ["DEFAULT_SLURM_PORT_BASE", "PS_REFUSAL", "SERVER_TASK_TYPES", "SLURM_STEP_VARS",
+           "TRAINING_TASK_TYPES",
            "Topology", "TopologyError", "expand_hostlist", "expand_tasks_per_node",
            "gpus_from_env", "local_device_names", "topology", "topology_from_env", "worker_rank"]
 
 #: Task types that take part in synchronous all-reduce training.
 TRAINING_TASK_TYPES = ("chief", "worker")
+#: Task types of a parameter-server cluster that serve (run TensorFlow's server, no user code).
+SERVER_TASK_TYPES = ("worker", "ps")
 
-#: Why a cluster with "ps" tasks is refused, and what to do instead.
+#: Why an all-reduce strategy is refused on a cluster with "ps" tasks, and what to do instead
+#: (`.format(strategy=...)`).
 PS_REFUSAL = (
-    'TF_CONFIG describes a parameter-server cluster (task type "ps"), which Keras 3 cannot '
-    "train: its Model.fit refuses ParameterServerStrategy (keras-team/keras#18624), so "
-    "building one yourself does not help either. Train with synchronous all-reduce "
-    "instead: remove the \"ps\" tasks from the cluster and keep the \"chief\"/\"worker\" "
-    "tasks; kmp then creates a MultiWorkerMirroredStrategy over them "
-    "(@kmp.parallelize, or kmp.launch on one machine)."
+    'TF_CONFIG describes a parameter-server cluster (task type "ps"): its variables are meant '
+    'to live on the "ps" tasks while the "chief" coordinates and the "worker" tasks run the '
+    "steps, which strategy={strategy!r} cannot do (all-reduce keeps a copy of every variable "
+    'on every worker and has no "ps" tasks). Use @kmp.parallelize(strategy="parameter_server") '
+    '(or "auto", which picks it for such a cluster); for all-reduce, remove the "ps" tasks '
+    'from the cluster and keep the "chief"/"worker" tasks.'
 )
 
 
@@ -62,7 +66,7 @@ class Topology:
         num_workers: Number of processes that train together (chief and workers).
         worker_index: This process's rank among them, 0 for the chief.
         is_chief: Whether this process writes checkpoints, logs and uploads.
-        task_type: `"chief"`, `"worker"` or `"evaluator"`, or `None` for a
+        task_type: `"chief"`, `"worker"`, `"ps"` or `"evaluator"`, or `None` for a
             single process.
         task_index: Index of this task within its task type.
         cluster_spec: Task type to list of `host:port`, or `None` for a single
@@ -70,6 +74,9 @@ class Topology:
         source: `"tf_config"`, `"slurm"`, `"keras"` (`KERAS_DISTRIBUTION_*`) or `"local"`.
         local_devices: Names of this process's accelerators (`"GPU:0"`, ...), or
             of its logical CPU devices when it has no accelerator.
+        num_ps: Number of parameter servers (`"ps"` tasks): 0 unless the cluster is a
+            parameter-server cluster, in which the chief coordinates, the workers run
+            the steps and the variables live on the parameter servers.
     """
 
     num_workers: int = 1
@@ -80,6 +87,18 @@ class Topology:
     cluster_spec: Mapping[str, tuple[str, ...]] | None = None
     source: str = "local"
     local_devices: tuple[str, ...] = ()
+    num_ps: int = 0
+
+    @property
+    def is_parameter_server_cluster(self) -> bool:
+        """Whether the cluster has parameter servers (`"ps"` tasks)."""
+        return self.num_ps > 0
+
+    @property
+    def serves(self) -> bool:
+        """Whether this task only serves a parameter-server cluster (a `"worker"` or `"ps"`
+        task there: TensorFlow's server runs the steps or holds variables; no user code)."""
+        return self.is_parameter_server_cluster and self.task_type in SERVER_TASK_TYPES
 
     @property
     def is_multi_worker(self) -> bool:
@@ -200,11 +219,9 @@ def _from_tf_config(raw: str, devices: tuple[str, ...]) -> Topology:
             f"[0, {len(cluster[task_type])}) for task type {task_type!r}. "
             f"Received: index={index!r}"
         )
-    if "ps" in cluster:
-        raise TopologyError(
-            PS_REFUSAL + f" Received: ps={list(cluster['ps'])!r}"
-        )
     chiefs = cluster.get("chief", ())
+    if "ps" in cluster:
+        _check_parameter_server_cluster(cluster)
     workers = cluster.get("worker", ())
     if len(chiefs) > 1:
         raise TopologyError(
@@ -225,7 +242,24 @@ def _from_tf_config(raw: str, devices: tuple[str, ...]) -> Topology:
         cluster_spec=cluster,
         source="tf_config",
         local_devices=devices,
+        num_ps=len(cluster.get("ps", ())),
     )
+
+
+def _check_parameter_server_cluster(cluster: Mapping[str, tuple[str, ...]]) -> None:
+    """Raises unless a cluster with "ps" tasks has the chief and workers TensorFlow needs."""
+    types = sorted(cluster)
+    if len(cluster.get("chief", ())) != 1:
+        raise TopologyError(
+            'A parameter-server cluster (TF_CONFIG with "ps" tasks) needs exactly one "chief" '
+            "task: the coordinator, which runs your script and sends the steps to the workers "
+            "(TensorFlow's ParameterServerStrategy names it \"chief\"). Received: task types "
+            f"{types}, chief={list(cluster.get('chief', ()))!r}. Add a \"chief\" address, or "
+            'remove the "ps" tasks to train with all-reduce.')
+    if not cluster.get("worker"):
+        raise TopologyError(
+            'A parameter-server cluster (TF_CONFIG with "ps" tasks) needs at least one '
+            f'"worker" task to run the steps. Received: task types {types}.')
 
 
 def worker_rank(task_type: str, task_id: int, has_chief: bool) -> int:

@@ -71,7 +71,54 @@ def _feature(name: str, apply: str, symptom: str, wraps: tuple[str, ...], when: 
                  per_instance=per_instance, backend=lane)
 
 
+_PS = "keras_mgpu_plugins.backends.tensorflow.patches.parameter_server"
+_PS_WHEN = ("a ParameterServerStrategy created or given to kmp (kmp.parallelize(strategy="
+            "'parameter_server'), or strategy=your_parameter_server_strategy)")
+
+_SHARDED = "keras_mgpu_plugins.backends.tensorflow.patches.sharded"
+_TF_CORE = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/core.py"
+_TF_OPT = ("https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/"
+           "optimizer.py")
+#: The records of Keras variables split over parameter servers (`patches.sharded`).
+_SHARDED_RECORDS = (
+    ("partitioned_initialization", "patch_partitioned_initialization", "initializes_whole",
+     "tensorflow variable._initialize_with_initializer", _TF_CORE,
+     "parameter servers with variable_partitioner: the chief computes every partitioned "
+     "variable whole (its memory) before TensorFlow splits it over the parameter servers"),
+    ("sharded_embedding_lookup", "patch_embedding_lookup", "embedding_takes_whole_table",
+     "keras.layers.Embedding.call",
+     "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/layers/core/embedding.py",
+     "parameter servers: each step of an Embedding whose table is partitioned reads the whole "
+     "table from the parameter servers into the worker"),
+    ("sharded_gradient_sources", "patch_gradient_sources", "gradient_needs_one_handle",
+     "tensorflow.GradientTape.gradient", _TF_CORE,
+     "parameter servers with variable_partitioner: fit fails with AttributeError: "
+     "'ShardedVariable' object has no attribute 'handle'"),
+    ("sharded_optimizer_updates", "patch_sharded_updates", "updates_colocate",
+     "tensorflow optimizer._distributed_tf_update_step", _TF_OPT,
+     "parameter servers with variable_partitioner: fit fails with NotImplementedError: "
+     "ShardedVariable doesn't support being used as a reference"),
+    ("sharded_optimizer_slots", "patch_sharded_slots", "slots_colocate",
+     "tensorflow optimizer.add_variable_from_reference", _TF_OPT,
+     "parameter servers: Adam's moments of a partitioned variable are each one whole "
+     "variable on one parameter server"),
+)
+
 FEATURES: tuple[Patch, ...] = (
+    # The innermost of the wrappers of keras.Model.fit: it replaces Keras's own fit for a
+    # parameter-server model; every other wrapper (the watchdog, the progress bars, ...) wraps it.
+    _feature(
+        "parameter_server_methods", f"{_PS}:wrap_methods",
+        "model.fit / evaluate / predict under tf.distribute.experimental.ParameterServerStrategy "
+        "fail: 'To use this dataset, you need to pass this dataset to ClusterCoordinator."
+        "create_per_worker_dataset' (Keras 3 has no parameter-server fit)",
+        tuple(f"keras.Model.{m}" for m in ("fit", "evaluate", "predict", "train_on_batch",
+                                           "test_on_batch", "predict_on_batch")),
+        _PS_WHEN, lambda: _fit_takes("steps_per_epoch", "validation_freq"),
+        upstream="https://github.com/keras-team/keras/issues/18624"),
+    *(_feature(name, f"{_SHARDED}:{apply}", symptom, (wraps,), _PS_WHEN, lazy(_SHARDED, present),
+               upstream=upstream)
+      for name, apply, present, wraps, upstream, symptom in _SHARDED_RECORDS),
     _feature(
         "chief_only_progress_bars", "keras_mgpu_plugins._worker_output:wrap_model_methods",
         "every worker of a multi-worker job prints the same progress bar (N interleaved copies "
@@ -79,7 +126,7 @@ FEATURES: tuple[Patch, ...] = (
         ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"),
         "creating a strategy that spans workers (kmp.parallelize, kmp-launch; on JAX, once "
         "kmp finds or starts jax.distributed over several processes)",
-        lambda: _fit_takes("verbose")),
+        lambda: _fit_takes("verbose"), after=("parameter_server_methods",)),
     # Inside the same-callbacks check: that check compares the callbacks each worker was
     # given, not the watchdog the launcher adds to every worker's fit alike.
     _feature(

@@ -112,6 +112,9 @@ NAMES: tuple[PrivateName, ...] = (
         ("3.16.0", "keras.src.backend.tensorflow.ops.core.Variable")),
         has=("_initialize",), note=_PLUGGABLE, needs="tensorflow"),
     _k("stateless scope", "keras.src.backend.common.stateless_scope.StatelessScope"),
+    _k("stateless scope module", "keras.src.backend.common.stateless_scope",
+       has=("in_stateless_scope",)),
+    _k("common variable", "keras.src.backend.common.variables.Variable", has=("assign_add",)),
     _k("epoch iterator", "keras.src.trainers.epoch_iterator.EpochIterator",
        has=("_enumerate_iterator",)),
     _k("array data adapter",
@@ -134,6 +137,9 @@ NAMES: tuple[PrivateName, ...] = (
         ("2.16.0", "tensorflow.python.distribute.input_lib.DistributedIterator"),)),
     PrivateName("numpy_function registry", "tensorflow", (
         ("2.16.0", "tensorflow.python.ops.script_ops.FuncRegistry"),), has=("_convert",)),
+    PrivateName("sharded variable", "tensorflow", (
+        ("2.16.0", "tensorflow.python.distribute.sharded_variable.ShardedVariable"),),
+        has=("variables",)),
     PrivateName("maybe_merge_call", "tensorflow", (
         ("2.16.0", "tensorflow.__internal__.distribute.interim.maybe_merge_call"),)),
     PrivateName("jax xla_bridge", "jax", (("0.4.30", "jax._src.xla_bridge"),),

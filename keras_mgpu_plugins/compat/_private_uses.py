@@ -250,6 +250,24 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "The check is skipped: a fit/evaluate/predict made on one worker only waits for "
                "the others until TensorFlow's collective fails or kmp-launch's --stall-timeout "
                "reports it.", fallback=True, library="tensorflow"),
+    PrivateUse("parameter_server_trainer", "tensorflow trainer."
+               "_distribute_strategy (set to None around evaluate/predict on the chief), "
+               "base trainer._symbolic_build(data_batch=) (the variables made before any step), "
+               "stateless scope module.in_stateless_scope and "
+               "common variable.assign_add's source for the "
+               "atomic_variable_updates patch",
+               "kmp's parameter-server fit, evaluate and predict "
+               "(backends/tensorflow/parameter_server)", "3.10.0", _MAX,
+               lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches."
+                                   "ps_trainer", "check_trainer"),
+               "Use a Keras version in that range."),
+    PrivateUse("tf_sharded_variable", "sharded variable (.variables: the shards a variable_partitioner makes)",
+               "kmp's partitioned variables under parameter servers (patches.sharded)",
+               "2.16.0", _TF_MAX,
+               lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches.sharded",
+                                   "check_sharded_variable"),
+               "Use a TensorFlow version in that range, or variable_partitioner=None.",
+               library="tensorflow"),
     PrivateUse("jax_initialize_rng", "jax distribution_lib.initialize_rng "
                "(what keras.distribution.initialize runs after jax.distributed.initialize)",
                "kmp's JAX initialize (one random seed on every process)", "3.0.0", _MAX,
@@ -285,6 +303,13 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "or build it in the @kmp.parallelize factory."),
 )
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
+
+
+def _lazy_check(module: str, name: str) -> list[str]:
+    """A check defined beside the code that relies on the private API."""
+    import importlib
+
+    return importlib.import_module(module).__dict__[name]()
 
 
 def _missing(key: str) -> list[str]:

@@ -251,4 +251,20 @@ WORKAROUNDS: tuple[Patch, ...] = (
         symptom="fit(generator) or fit(PyDataset) on several devices trains on overwritten batches: other weights than one device",
         wraps=("numpy_function registry.__call__",),
     ),
+    # No upstream issue found: Keras's Variable.assign_add / assign_sub are
+    # `self.assign(self + value)`, a read then a write. Under parameter servers, workers that
+    # update one variable at once overwrite each other's updates (measured on Keras 3.15 +
+    # TensorFlow 2.21: 1248 of 2000 steps counted by optimizer.iterations, 2 workers). kmp
+    # applies it with a parameter-server strategy (and patch_keras applies it with the rest:
+    # the same values, one atomic operation).
+    Patch(
+        name="atomic_variable_updates",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/common/variables.py",
+        min_version="3.10.0",
+        max_version=_KERAS_MAX,
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.parameter_server", "patch_atomic_updates"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.parameter_server", "updates_read_then_write"),
+        symptom="parameter servers: optimizer.iterations and the metrics count fewer steps than ran (1248 of 2000 on 2 workers): two workers' assign_add overwrite each other; a learning-rate schedule and Adam's bias correction see a wrong step",
+        wraps=("tensorflow variable.assign_add", "tensorflow variable.assign_sub"),
+    ),
 )

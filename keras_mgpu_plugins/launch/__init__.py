@@ -34,6 +34,7 @@ from keras_mgpu_plugins.launch._common import (  # noqa: F401 - re-exported
     STALL_TIMEOUT_ENV,
     WORKER_ENV_VARS,
     _check_common,
+    _check_num_ps,
     _run,
     _worker_environ,
     resolve_stall_timeout,
@@ -50,6 +51,7 @@ from keras_mgpu_plugins.launch._errors import (
 
 def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, timeout: float | None = None, *,
+           num_ps: int = 0,
            create_strategy: bool = True, env: Mapping[str, str | None] | None = None,
            output: str = "chief", log_dir: str | None = None,
            stall_timeout: float | str | None = "auto") -> list[Any]:
@@ -65,6 +67,15 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     in `fn` then uses it. With `KERAS_BACKEND=jax`, each worker initialises
     `jax.distributed` there instead (the coordinator on worker 0's port, bound
     to 127.0.0.1), and `kmp.parallelize` distributes over every process.
+
+    With `num_ps` parameter servers the job is TensorFlow's parameter-server cluster
+    (docs/parameter_server.md): a `"chief"` process runs `fn` and coordinates,
+    `num_workers` `"worker"` processes run the steps it sends them and `num_ps` `"ps"`
+    processes hold the variables; `@kmp.parallelize(strategy="parameter_server")` (or
+    `"auto"`) in `fn` builds the model there. Workers and parameter servers run
+    TensorFlow's server only. A worker that exits is started again (3 times at most):
+    the chief's coordinator sends its steps to the other workers meanwhile. The chief,
+    or a parameter server, failing fails the run as usual.
 
     No hang is silent: every `fit` in the workers runs with a
     `kmp.callbacks.StallWatchdog(timeout=stall_timeout)` (one given to `fit` is
@@ -87,6 +98,8 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         timeout: Seconds the whole run may take, or `None` for no limit. At
             expiry the workers still running print their Python stacks (in
             the error) before they are stopped.
+        num_ps: Number of parameter servers (0: none, every worker runs `fn`). With
+            parameter servers, `fn` runs on the chief only.
         create_strategy: Create the multi-worker strategy in each worker
             first. With `False`, the bootstrap imports no TensorFlow.
         env: Variables to set (or, with `None`, unset) in the workers.
@@ -102,11 +115,12 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
             `DEFAULT_STALL_TIMEOUT` (600 s, far above a first step's compilation).
 
     Returns:
-        What `fn` returned in each worker, in worker order.
+        What `fn` returned in each worker, in worker order; with parameter servers,
+        a list of one item: what `fn` returned on the chief.
 
     Raises:
-        ValueError: For a bad `num_workers`, `timeout`, `env`, `output` or
-            `stall_timeout`.
+        ValueError: For a bad `num_workers`, `num_ps`, `timeout`, `env`, `output` or
+            `stall_timeout`; `num_ps` on a Keras backend other than TensorFlow.
         TypeError: For a non-callable `fn` or `args`/`kwargs`/`env` of the wrong type.
         NotPicklableError: If `fn`, `args` or `kwargs` cannot be pickled
             (raised before any process starts).
@@ -129,9 +143,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
     environ = _worker_environ(env)
+    _check_num_ps(num_ps, environ)
     watchdog = resolve_stall_timeout(stall_timeout, environ)  # KMP_STALL_TIMEOUT: env's too
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
-    spec = {"mode": "function", "sys_path": list(sys.path),
+    spec = {"mode": "function", "sys_path": list(sys.path), "num_ps": num_ps,
             "create_strategy": bool(create_strategy), "stall_timeout": watchdog}
     return _run(spec, num_workers, timeout, environ, payload, output, log_dir)
 

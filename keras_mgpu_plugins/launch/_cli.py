@@ -18,6 +18,7 @@ from keras_mgpu_plugins.launch._common import (
     DEFAULT_STALL_TIMEOUT,
     STALL_TIMEOUT_ENV,
     _check_common,
+    _check_num_ps,
     _run,
     _worker_environ,
     resolve_stall_timeout,
@@ -39,6 +40,14 @@ its runtime starts); kmp.parallelize, or a MultiWorkerMirroredStrategy the
 script creates itself, then uses it. With KERAS_BACKEND=jax, each worker
 initialises jax.distributed instead (coordinator: worker 0's port, bound to
 127.0.0.1), and kmp.parallelize uses keras.distribution over every process.
+
+Parameter servers (TensorFlow): with --ps P the job is a parameter-server
+cluster: a "chief" process runs the script and coordinates, N "worker"
+processes run the steps it sends them, and P "ps" processes hold the
+variables; @kmp.parallelize(strategy="parameter_server") (or "auto") builds
+the model there. Workers and parameter servers only serve; their output goes
+to worker-<i>.log and ps-<i>.log. A worker that exits is started again (3
+times at most) while the chief goes on with the other workers.
 
 Output: every worker's stdout and stderr go to its log file,
 $TMPDIR/kmp-launch-logs/<job id>/worker-<i>.log (--log-dir DIR to choose the
@@ -65,13 +74,14 @@ names them."""
 _CLI_EPILOG = """\
 examples:
   kmp-launch -n 2 train.py --epochs 3
+  kmp-launch -n 2 --ps 1 train.py              # chief + 2 workers + 1 parameter server
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
   kmp-launch -n 2 --stall-timeout 1800 train.py    # a first step that compiles for long
   kmp-launch -n 2 --stall-timeout 0 train.py       # no StallWatchdog
   kmp-launch -n 2 --all-output --log-dir logs train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
-_VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout", "--log-dir")
+_VALUE_OPTIONS = ("-n", "--num-workers", "--ps", "--timeout", "--stall-timeout", "--log-dir")
 
 
 def _positive(kind: type, flag: str, zero: str = "") -> Callable[[str], Any]:
@@ -94,13 +104,18 @@ def _positive(kind: type, flag: str, zero: str = "") -> Callable[[str], Any]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
-        usage="kmp-launch [-n N] [--timeout SECONDS] [--stall-timeout SECONDS] "
+        usage="kmp-launch [-n N] [--ps P] [--timeout SECONDS] [--stall-timeout SECONDS] "
               "[--no-strategy] [--all-output] [--log-dir DIR] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-n", "--num-workers", type=_positive(int, "-n"), default=2, metavar="N",
                         help="number of worker processes (default: 2)")
+    parser.add_argument("--ps", type=_positive(int, "--ps", zero="no parameter servers"),
+                        default=0, metavar="P",
+                        help="number of parameter servers (TensorFlow): the job is then a "
+                             "chief that runs the script, N workers and P parameter servers "
+                             "(default: 0, every worker runs the script)")
     parser.add_argument("--timeout", type=_positive(float, "--timeout"), metavar="SECONDS",
                         help="stop every worker and exit with code 124 after this many seconds, "
                              "naming the workers still running, with their Python stacks")
@@ -169,7 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"kmp-launch: {err}", file=sys.stderr)
         return 2
-    spec = {"mode": "script" if options.module is None else "module",
+    try:
+        _check_num_ps(options.ps, environ)
+    except ValueError as err:
+        print(f"kmp-launch: {str(err).replace('num_ps', '--ps')}", file=sys.stderr)
+        return 2
+    spec = {"mode": "script" if options.module is None else "module", "num_ps": options.ps,
             "target": options.script or options.module, "argv": [*options.args, *rest],
             "create_strategy": not options.no_strategy, "stall_timeout": stall_timeout}
     try:

@@ -48,6 +48,21 @@ def _check_common(num_workers: Any, timeout: Any) -> None:
                           f"this is {sys.platform!r}.")
 
 
+def _check_num_ps(num_ps: Any, environ: Mapping[str, str]) -> None:
+    """Raises for a bad `num_ps`, or parameter servers on a Keras backend without them."""
+    if not isinstance(num_ps, int) or isinstance(num_ps, bool) or num_ps < 0:
+        raise ValueError(
+            f"num_ps must be a non-negative integer (0: no parameter servers). Received: "
+            f"num_ps={num_ps!r}")
+    backend = environ.get("KERAS_BACKEND", "tensorflow")
+    if num_ps and backend != "tensorflow":
+        raise ValueError(
+            f"num_ps starts TensorFlow's parameter servers, which Keras has on the TensorFlow "
+            f"backend only (for JAX it is a Keras proposal, keras-team/keras#20753). Received: "
+            f"num_ps={num_ps}, KERAS_BACKEND={backend!r}. Use KERAS_BACKEND=tensorflow, or "
+            f"num_ps=0: every process then trains data parallel (strategy=\"multi_worker\").")
+
+
 def _worker_environ(env: Mapping[str, str | None] | None) -> dict[str, str]:
     environ = dict(os.environ)
     if env is None:

@@ -54,9 +54,16 @@ def output_paths(log_dir: str | None, job_id: str) -> str:
 
 
 def tell_where_output_goes(spec: dict, num_workers: int, output: str, log_dir: str) -> None:
-    if output == "all" or num_workers == 1:
+    if output == "all" or (num_workers == 1 and not spec.get("num_ps")):
         return
     program = "kmp.launch" if spec["mode"] == "function" else "kmp-launch"
+    if spec.get("num_ps"):
+        flag = 'output="all"' if program == "kmp.launch" else "--all-output"
+        print(f"{program}: showing the chief's output; the workers and parameter servers write "
+              f"to {os.path.join(log_dir, 'worker-<i>.log')} and "
+              f"{os.path.join(log_dir, 'ps-<i>.log')} ({flag} shows every task's)",
+              file=sys.stderr, flush=True)
+        return
     others = "worker 1 writes" if num_workers == 2 else f"workers 1-{num_workers - 1} write"
     flag = 'output="all"' if program == "kmp.launch" else "--all-output"
     print(f"{program}: showing worker 0's output; {others} to "
@@ -68,9 +75,15 @@ class _Worker:
     """One worker process: its pipes' relays, outcome files and process group."""
 
     def __init__(self, index: int, proc: subprocess.Popen, spec_path: str,
-                 job_dir: str, log_path: str, shown: bool = True) -> None:
+                 job_dir: str, log_path: str, shown: bool = True, label: str | None = None,
+                 serves: bool = False) -> None:
         self.index, self.proc = index, proc
         self.log_path, self.shown = log_path, shown
+        #: How it is named in messages and before its lines: "worker 1", "chief", "ps 0".
+        self.label = label or f"worker {index}"
+        #: A worker or parameter server of a parameter-server cluster: it runs TensorFlow's
+        #: server until stopped, returns nothing, and any exit of its own is a failure.
+        self.serves = serves
         self.stall_path = os.path.join(job_dir, "stall_watchdog", "stall.txt")
         self.result_path = _worker.outcome_path(spec_path, index, "result")
         self.error_path = _worker.outcome_path(spec_path, index, "error")
@@ -78,7 +91,7 @@ class _Worker:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.relays = [
-            threading.Thread(target=_relay, args=(pipe, index, name, tails, log_path, shown),
+            threading.Thread(target=_relay, args=(pipe, self.label, name, tails, log_path, shown),
                              daemon=True)
             for pipe, name, tails in ((proc.stdout, "stdout", (self.output_tail,)),
                                       (proc.stderr, "stderr", (self.output_tail,
@@ -98,6 +111,8 @@ class _Worker:
             return True
         if self.exited_at is None:
             return False
+        if self.serves:
+            return True
         return not os.path.exists(self.result_path) if expects_result else self.proc.returncode != 0
 
     def error_record(self) -> tuple[str | None, BaseException | None, float | None, str | None]:
@@ -156,10 +171,10 @@ class _Worker:
             pass
 
 
-def _relay(pipe: Any, index: int, stream_name: str, tails: tuple[collections.deque, ...],
+def _relay(pipe: Any, label: str, stream_name: str, tails: tuple[collections.deque, ...],
            log_path: str, shown: bool) -> None:
     """Copies one of a worker's pipes to its log file, and to ours when `shown`."""
-    prefix = f"[worker {index}] "
+    prefix = f"[{label}] "
     # O_APPEND: the stdout and stderr relays add whole lines to one file without a lock.
     log = _open_log(log_path)
     with pipe, log if log is not None else contextlib.nullcontext():

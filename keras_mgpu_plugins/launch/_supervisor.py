@@ -29,7 +29,7 @@ import uuid
 import warnings
 from typing import Any
 
-from keras_mgpu_plugins.launch import _stacks
+from keras_mgpu_plugins.launch import _stacks, _tasks
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
@@ -37,7 +37,7 @@ from keras_mgpu_plugins.launch._errors import (
     describe_exit,
 )
 from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
-from keras_mgpu_plugins.launch._tuning import worker_tuning
+from keras_mgpu_plugins.launch._tuning import MIN_PARAMETER_SERVER_INTEROP, worker_tuning
 
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
@@ -120,7 +120,9 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     job_id = environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]
     job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
     os.mkdir(job_dir)
-    environ = {**environ, **worker_tuning(environ, num_workers),
+    tasks = _tasks.layout(num_workers, spec.get("num_ps", 0))
+    environ = {**environ, **worker_tuning(environ, len(tasks), min_interop=(
+        MIN_PARAMETER_SERVER_INTEROP if spec.get("num_ps") else 1)),
                "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
@@ -128,22 +130,33 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
         environ["KMP_OUTPUT"] = "all"
     log_dir = output_paths(log_dir, job_id)
     tell_where_output_goes(spec, num_workers, output, log_dir)
-    cluster = {"worker": [f"localhost:{port}" for port in free_ports(num_workers)]}
-    for index in range(num_workers):
-        tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+    cluster = _tasks.cluster(tasks, free_ports(len(tasks)))
+
+    def start(index: int) -> _Worker:
+        task = tasks[index]
+        tf_config = {"cluster": cluster, "task": {"type": task.task_type,
+                                                  "index": task.task_index}}
         proc = subprocess.Popen(
             [sys.executable, "-m", "keras_mgpu_plugins.launch._worker", spec_path, str(index)],
             env={**environ, "TF_CONFIG": json.dumps(tf_config), "KMP_WORKER_INDEX": str(index)},
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        workers.append(_Worker(index, proc, spec_path, job_dir,
-                               os.path.join(log_dir, f"worker-{index}.log"),
-                               shown=output == "all" or index == 0))
-    _supervise(workers, timeout, payload is not None, interrupted, job_dir)
+        return _Worker(index, proc, spec_path, job_dir, os.path.join(log_dir, task.log_name),
+                       shown=output == "all" or index == 0, label=task.label,
+                       serves=task.serves)
+
+    workers.extend(start(index) for index in range(len(tasks)))
+    restarts = _tasks.Restarts(tasks, start) if spec.get("num_ps") else None
+    try:
+        _supervise(workers, timeout, payload is not None, interrupted, job_dir, restarts)
+    finally:
+        if restarts is not None:
+            _stop(restarts.lost)
     _stop(workers)
     _raise_first_failure(workers, payload is not None)
-    return [w.result() for w in workers] if payload is not None else [None] * num_workers
+    users = [w for w in workers if not w.serves]  # the chief alone under parameter servers
+    return [w.result() for w in users] if payload is not None else [None] * len(users)
 
 
 def free_ports(n: int) -> list[int]:
@@ -163,8 +176,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool,
-               interrupted: threading.Event | None = None, job_dir: str | None = None) -> None:
+               interrupted: threading.Event | None = None, job_dir: str | None = None,
+               restarts: _tasks.Restarts | None = None) -> None:
     """Waits until every worker is done, one fails, the timeout expires, or Ctrl-C.
+
+    Under parameter servers the job is done when the chief is (the servers are then
+    stopped), and a worker that exits is started again (`restarts`).
 
     Raises:
         KeyboardInterrupt: When `interrupted` is set (the caller stops the workers).
@@ -176,6 +193,9 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
         if interrupted is not None and interrupted.is_set():
             raise KeyboardInterrupt
         done = [w.check_exit() for w in workers]
+        if restarts is not None:
+            restarts.replace(workers)
+            done = [w.check_exit() for w in workers]
         failing = [w for w in workers if w.failed(expects_result)]
         if failing:  # a worker that reported an error is exiting: let it finish
             grace_end = time.monotonic() + _GRACE_S / 2
@@ -184,11 +204,11 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
                     w.proc.wait(max(0.0, grace_end - time.monotonic()))
                 w.check_exit()
             return
-        if all(done):
+        if all(d for w, d in zip(workers, done, strict=True) if not w.serves):
             return
         if deadline is not None and time.monotonic() >= deadline:
-            _time_out(workers, [w.index for w, d in zip(workers, done, strict=True) if not d],
-                      timeout, job_dir)
+            _time_out(workers, [w.index for w, d in zip(workers, done, strict=True)
+                                if not d and not w.serves], timeout, job_dir)
         time.sleep(_POLL_S)
 
 
@@ -202,10 +222,11 @@ def _time_out(workers: list[_Worker], running: list[int], timeout: float,
     """
     answers = _stacks.ask(job_dir, running, _STACKS_S) if job_dir else {}
     _stop(workers)
-    finished = [w.index for w in workers if w.index not in running]
+    finished = [w.index for w in workers if w.index not in running and not w.serves]
+    labels = {w.index: w.label for w in workers}
     message = (f"The run did not finish within timeout={timeout!r} seconds: "
-               f"{_named(running)} of {len(workers)} had not finished"
-               + (f" ({_named(finished)} had)" if finished else "")
+               f"{_named(running, labels)} of {len(workers)} had not finished"
+               + (f" ({_named(finished, labels)} had)" if finished else "")
                + ". All workers were stopped.")
     if answers:
         message += "\n" + _stacks.describe(answers, len(workers), _STACKS_S)
@@ -214,8 +235,10 @@ def _time_out(workers: list[_Worker], running: list[int], timeout: float,
         stacks={i: a and a["stacks"] for i, a in answers.items()})
 
 
-def _named(indices: list[int]) -> str:
-    """`"worker 1"`, `"workers 0, 1"`."""
+def _named(indices: list[int], labels: dict[int, str] | None = None) -> str:
+    """`"worker 1"`, `"workers 0, 1"`; `"chief"` under parameter servers (`labels`)."""
+    if labels and any(labels[i] != f"worker {i}" for i in indices):
+        return ", ".join(labels[i] for i in indices)
     return f"worker{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
 
 
@@ -255,21 +278,23 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
     failures.sort(key=lambda f: f[0])
     _, first, raised, exc, text = failures[0]
     others = {w.index: w.proc.returncode for _, w, _, _, _ in failures[1:]}
-    summary = f"worker {first.index} of {len(workers)} {_how(first, raised, text, expects_result)}."
+    tasks = "workers" if all(w.label == f"worker {w.index}" for w in workers) else "tasks"
+    summary = (f"{first.label} of {len(workers)}{'' if tasks == 'workers' else ' tasks'} "
+               f"{_how(first, raised, text, expects_result)}.")
     if others:
         summary += " Also failed: " + ", ".join(
-            f"worker {w.index} {_how(w, r, t, expects_result)}"
+            f"{w.label} {_how(w, r, t, expects_result)}"
             for _, w, r, _, t in failures[1:]) + "."
     if len(failures) < len(workers):
-        summary += " The other workers were stopped."
+        summary += f" The other {tasks} were stopped."
     if text is not None:
-        detail = f"Remote traceback of worker {first.index}:\n{text.rstrip()}"
+        detail = f"Remote traceback of {first.label}:\n{text.rstrip()}"
     elif first.stderr_tail:
-        detail = f"Last lines of worker {first.index}'s stderr:\n" + "\n".join(first.stderr_tail)
+        detail = f"Last lines of {first.label}'s stderr:\n" + "\n".join(first.stderr_tail)
     else:
-        detail = f"Worker {first.index} printed nothing to stderr."
+        detail = f"{first.label[0].upper()}{first.label[1:]} printed nothing to stderr."
     if not first.shown and first.output_tail:  # its output went to its log only: show the end
-        detail += (f"\n\nLast lines of worker {first.index}'s output (all of it in "
+        detail += (f"\n\nLast lines of {first.label}'s output (all of it in "
                    f"{first.log_path}):\n" + "\n".join(first.output_tail))
     raise WorkerFailedError(
         f"{summary[0].upper()}{summary[1:]}\n\n{detail}", summary=summary,

@@ -51,7 +51,10 @@ class PlacementReport:
         worker_index: This worker's rank among them.
         layouts: On JAX, `(variable path, layout)` for each model variable: its mesh
             axes per dimension and why (sharded, replicated as small or as not
-            dividing over the devices, or the `layout_map` key); empty on TensorFlow.
+            dividing over the devices, or the `layout_map` key); under parameter
+            servers, `(variable path, where its rows live)`; else empty.
+        heading: The table's first line where the placement is not layer stages
+            (parameter servers); `None`: the stages' line.
     """
 
     rows: tuple[DeviceRow, ...]
@@ -62,6 +65,7 @@ class PlacementReport:
     num_workers: int = 1
     worker_index: int = 0
     layouts: tuple[tuple[str, str], ...] = ()
+    heading: str | None = None
 
     def row(self, device: str) -> DeviceRow:
         """The row of `device` (canonical spelling, e.g. `/device:CPU:1`)."""
@@ -86,10 +90,14 @@ class PlacementReport:
             lines[0] = (f"Hybrid: {self.num_workers} workers (data parallel) x {len(self.rows)} "
                         f"devices each (model parallel); this is worker {self.worker_index}, "
                         "every worker holds the same placement\n" + lines[0])
+        if self.heading is not None:  # parameter servers: variables held, no layer runs there
+            head, lines = ("device", "variables", *head[2:4]), [self.heading]
+            body, widths = [cells[:4] for cells in body], widths[:4]
         for cells in [head, *body]:
             lines.append("  ".join(_fit(str(c), w) for c, w in zip(cells, widths, strict=True)).rstrip())
         if self.layouts:
-            lines.append("Layouts (mesh axis per dimension):")
+            lines.append("Layouts (mesh axis per dimension):" if self.heading is None
+                         else "Variables (rows per parameter server):")
             lines.extend(f"  {path}  {layout}" for path, layout in self.layouts)
         return "\n".join(lines)
 
@@ -114,7 +122,9 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
             `@kmp.parallelize(strategy="model_parallel")` or `strategy="hybrid"` (each
             worker reports its own devices; every worker holds the same placement). On
             JAX the rows list the variables (or shards) each device holds, bytes measured
-            from the arrays' shards, and `layouts` the layout of every variable.
+            from the arrays' shards, and `layouts` the layout of every variable. With
+            `strategy="parameter_server"`, one row per parameter server: the variables
+            and shards (`path[first:last]` rows) it holds, and their optimizer slots.
         batch_size: Batch size for the activation and transfer estimates (default: the
             model input's fixed batch size, else 32).
 
@@ -131,7 +141,8 @@ def placement_report(model: Any, batch_size: int | None = None) -> PlacementRepo
     if placed is None:
         raise ValueError(
             "placement_report takes a model built by a factory decorated with "
-            "@kmp.parallelize(strategy='model_parallel'). Received: a model that was not placed."
+            "@kmp.parallelize(strategy='model_parallel'), 'hybrid' or 'parameter_server'. "
+            "Received: a model that was not placed."
         )
     if getattr(placed.plan, "sharded", False):  # JAX: variables sharded, not layers placed
         return placed.plan.report(model, batch_size)

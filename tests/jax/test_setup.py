@@ -40,6 +40,9 @@ def test_no_plan_for_one_process():
     ({"strategy": object()}, ["tf.distribute", "JAX backend", "strategy='auto'"]),
     ({"strategy": "nope"}, ["strategy=", "'nope'"]),
     ({"micro_batches": 2}, ["micro_batches=2"]),
+    ({"strategy": "parameter_server"}, ["keras-team/keras#20753", "strategy='multi_worker'",
+                                        "KERAS_BACKEND=tensorflow"]),
+    ({"max_shards": 2}, ["keras-team/keras#20753", "max_shards=2"]),
 ])
 def test_strategies_jax_lacks_are_refused_clearly(kwargs, words):
     with pytest.raises(ValueError) as raised:

@@ -84,3 +84,5 @@ def test_parallelize_refuses_to_distribute_on_torch():
         kmp.parallelize(strategy="mirrored")
     with pytest.raises(NotImplementedError, match="kmp.simulate_devices"):
         kmp.simulate_devices(2)
+    with pytest.raises(NotImplementedError, match="keras-team/keras#20753"):
+        kmp.parallelize(strategy="parameter_server")

@@ -181,6 +181,47 @@ def test_use_initial_epoch():
         compat.set_initial_epoch(object(), 1)
 
 
+def test_use_parameter_server_trainer():
+    """What kmp's parameter-server loop does with Keras's trainer, checked on one device: the
+    variables built in a strategy's scope from shapes alone, the strategy set aside and put
+    back, the restored epoch read."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins.backends.tensorflow.patches import ps_trainer
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    assert not model.optimizer.built
+    element = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None, 2), tf.float32))
+    ps_trainer.build_in_scope(model, strategy, element)
+    assert model.optimizer.built and model.compiled and len(model.metrics_variables) >= 4
+    assert ps_trainer.strategy_of(model) is strategy
+    with ps_trainer.OnTheChief(model) as held:
+        assert held is strategy and ps_trainer.strategy_of(model) is None
+        assert model.distribute_strategy is tf.distribute.get_strategy()
+    assert ps_trainer.strategy_of(model) is strategy
+    assert ps_trainer.initial_epoch(model, 3) == 3
+    model._initial_epoch = 5  # as BackupAndRestore sets it at train begin
+    assert ps_trainer.initial_epoch(model, 3) == 5
+    assert ps_trainer.check_trainer() == []
+
+
+def test_use_tf_sharded_variable():
+    """A partitioned variable is a ShardedVariable whose shards hold consecutive rows."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    from keras_mgpu_plugins.backends.tensorflow.patches import sharded
+
+    shards = [tf.Variable(tf.ones((2, 3))), tf.Variable(tf.zeros((1, 3)))]
+    table = ShardedVariable(shards)
+    assert sharded.is_sharded(table) and not sharded.is_sharded(shards[0])
+    assert table.variables == shards and tuple(table.shape) == (3, 3)
+    assert sharded.check_sharded_variable() == []
+
+
 def test_use_print_msg(capsys, monkeypatch):
     compat.keras_print_msg("saved it")
     assert capsys.readouterr().out == "saved it\n"

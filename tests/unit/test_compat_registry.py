@@ -59,13 +59,16 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
               if len(names) > 1}
     assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
                            "_all_reduce_sum_gradients", "_get_iterator", "fit", "evaluate",
-                           "predict", "compile", "compile (instance)"}
-    assert shared["fit"] == ["chief_only_progress_bars", "stall_watchdog_on_every_fit",
-                             "same_callbacks_on_every_worker", "jax_inputs_as_on_one_device",
-                             "same_calls_on_every_worker"]
-    assert shared["evaluate"] == shared["predict"] == ["chief_only_progress_bars",
+                           "predict", "compile", "compile (instance)", "train_on_batch",
+                           "test_on_batch", "predict_on_batch"}
+    assert shared["fit"] == ["parameter_server_methods", "chief_only_progress_bars",
+                             "stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
+                             "jax_inputs_as_on_one_device", "same_calls_on_every_worker"]
+    assert shared["evaluate"] == shared["predict"] == ["parameter_server_methods",
+                                                       "chief_only_progress_bars",
                                                        "jax_inputs_as_on_one_device",
                                                        "same_calls_on_every_worker"]
+    assert shared["train_on_batch"] == ["parameter_server_methods", "jax_inputs_as_on_one_device"]
     assert shared["compile"] == ["compile_in_model_strategy_scope",
                                  "compile_adopts_state_made_outside",
                                  "jax_compile_under_model_distribution"]
@@ -180,6 +183,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     from keras_mgpu_plugins import _same_callbacks, _worker_output
     from keras_mgpu_plugins.backends.tensorflow import same_calls
     from keras_mgpu_plugins.backends.tensorflow.model_parallel import placement
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster as ps_cluster
     from keras_mgpu_plugins.callbacks import stall_watchdog
 
     paths = [w for p in compat.PATCHES if not p.per_instance and not p.name.startswith("jax_")
@@ -191,6 +195,8 @@ def test_unpatch_keras_puts_back_every_original(clean):
     same_calls.install()
     stall_watchdog.add_to_every_fit(30)
     compat.apply("placed_model_clone_warning")
+    for name in ps_cluster.RECORDS:  # as a parameter-server strategy applies them
+        compat.apply(name)
     objects = instances()
     own = {name: {a: vars(obj).get(a) for a in _record(name).attributes()}  # Keras sets `build`
            for name, (obj, *_) in objects.items()}

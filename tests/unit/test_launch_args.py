@@ -48,6 +48,10 @@ def test_num_workers_must_be_a_positive_int(value):
         ({"env": {"KMP_STALL_TIMEOUT": "soon"}}, ValueError,
          "KMP_STALL_TIMEOUT must be a number of seconds (0: no StallWatchdog). "
          "Received: KMP_STALL_TIMEOUT='soon'"),
+        ({"num_ps": -1}, ValueError, "num_ps must be a non-negative integer"),
+        ({"num_ps": True}, ValueError, "Received: num_ps=True"),
+        ({"num_ps": 1, "env": {"KERAS_BACKEND": "jax"}}, ValueError,
+         "keras-team/keras#20753). Received: num_ps=1, KERAS_BACKEND='jax'"),
     ],
 )
 def test_bad_arguments_are_named_with_their_value(kwargs, error, message):

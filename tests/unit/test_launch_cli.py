@@ -104,10 +104,10 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
     assert "kmp-launch: worker 1 of 2 exited with code 5." in capsys.readouterr().err
     assert seen[0] == (
         {"mode": "script", "target": str(script), "argv": ["a"], "create_strategy": True,
-         "stall_timeout": 600.0}, 3, 9.0)  # no hang is silent: the default watchdog
+         "stall_timeout": 600.0, "num_ps": 0}, 3, 9.0)  # no hang is silent: the default watchdog
     assert seen[-1] == (
         {"mode": "module", "target": "pkg.mod", "argv": ["b"], "create_strategy": False,
-         "stall_timeout": 30.0}, 2, None)
+         "stall_timeout": 30.0, "num_ps": 0}, 2, None)
 
 
 @pytest.mark.parametrize("argv, env, expected", [

@@ -85,15 +85,32 @@ def test_malformed_tf_config_names_the_bad_field(raw, fragment):
     assert fragment in str(info.value)
 
 
-def test_parameter_server_refusal_says_keras_refuses_it_and_what_to_use():
-    raw = json.dumps({"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "worker", "index": 0}})
+PS_CLUSTER = {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]}
+
+
+@pytest.mark.parametrize("task_type, index, serves, chief, rank", [
+    ("chief", 0, False, True, 0), ("worker", 1, True, False, 2), ("ps", 1, True, False, 0)])
+def test_parameter_server_cluster_tasks(task_type, index, serves, chief, rank):
+    topo = topology_from_env(tf_config(PS_CLUSTER, task_type, index))
+    assert topo.num_ps == 2 and topo.is_parameter_server_cluster
+    assert (topo.serves, topo.is_chief, topo.worker_index) == (serves, chief, rank)
+    assert topo.num_workers == 3  # the chief and the workers, as without parameter servers
+
+
+def test_cluster_without_ps_is_no_parameter_server_cluster():
+    topo = topology_from_env(tf_config({"chief": ["c:1"], "worker": ["w:1"]}, "worker", 0))
+    assert topo.num_ps == 0 and not topo.is_parameter_server_cluster and not topo.serves
+
+
+@pytest.mark.parametrize("cluster, fragment", [
+    ({"worker": ["a:1"], "ps": ["p:1"]}, 'exactly one "chief"'),
+    ({"chief": ["c:1"], "ps": ["p:1"]}, 'at least one "worker"'),
+])
+def test_parameter_server_cluster_needs_a_chief_and_a_worker(cluster, fragment):
+    task = "ps"
     with pytest.raises(TopologyError) as info:
-        topology_from_env({"TF_CONFIG": raw})
-    message = str(info.value)
-    assert "keras-team/keras#18624" in message and "refuses ParameterServerStrategy" in message
-    assert 'remove the "ps" tasks' in message and "MultiWorkerMirroredStrategy" in message
-    assert "pass it as parallelize(strategy=" not in message  # the old, useless advice
-    assert "ps=['p:1']" in message
+        topology_from_env(tf_config(cluster, task, 0))
+    assert fragment in str(info.value) and "Received: task types" in str(info.value)
 
 
 def test_tf_config_takes_precedence_over_slurm():

@@ -86,9 +86,12 @@ def summary_writer(logdir: str) -> Any:
 
 
 def parallelize_factory(factory: Any, *, strategy: Any, devices: Any, require_compiled: bool,
-                        micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None) -> Any:
+                        micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None,
+                        partition: Any = None) -> Any:
     """`kmp.parallelize` with `keras.distribution` (see `backends/jax/distribution.py`)."""
-    from keras_mgpu_plugins.backends.jax.distribution import parallelize_jax
+    from keras_mgpu_plugins.backends.jax.distribution import parallelize_jax, refuse_partition
+
+    refuse_partition(strategy, partition)
 
     return parallelize_jax(factory, strategy, devices, require_compiled, micro_batches,
                            sync_batchnorm, layout_map)
@@ -100,6 +103,14 @@ def join_job() -> None:
     from keras_mgpu_plugins.backends.jax.distribution import initialize
 
     initialize()
+
+
+def serve_parameter_server(topology: Any) -> None:
+    """Parameter servers are TensorFlow's: refused on JAX (keras-team/keras#20753)."""
+    from keras_mgpu_plugins.backends.jax.distribution import PARAMETER_SERVER_REFUSAL
+
+    raise RuntimeError('TF_CONFIG describes a parameter-server cluster (task type "ps"). '
+                       + PARAMETER_SERVER_REFUSAL)
 
 
 def read_variable(variable: Any) -> Any:

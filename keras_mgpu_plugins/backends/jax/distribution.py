@@ -121,7 +121,30 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
     return decorate(factory) if factory is not None else decorate
 
 
+#: Why the JAX backend refuses parameter servers, and what to use instead.
+PARAMETER_SERVER_REFUSAL = (
+    "strategy='parameter_server' is TensorFlow's (tf.distribute's ParameterServerStrategy): "
+    "Keras has no parameter-server training on JAX (a Keras proposal: "
+    "keras-team/keras#20753). Use strategy='multi_worker' (or 'auto'): every process trains "
+    "data parallel, synchronously (keras.distribution.DataParallel); or KERAS_BACKEND="
+    "tensorflow for parameter servers.")
+
+
+def refuse_partition(strategy: Any, partition: Any) -> None:
+    """Raises for the parameter-server arguments (TensorFlow's only) on JAX."""
+    if strategy == "parameter_server":
+        raise ValueError(f"{PARAMETER_SERVER_REFUSAL} Received: strategy={strategy!r}")
+    if partition is not None:
+        raise ValueError(
+            "variable_partitioner, min_shard_bytes and max_shards split variables over "
+            "TensorFlow's parameter servers, which Keras has not on JAX (keras-team/keras#20753)."
+            f" Received: {partition.describe()}. On JAX, strategy='model_parallel' shards large "
+            "variables over the devices (layout_map to choose how).")
+
+
 def _check_strategy(strategy: Any, devices: Any, micro_batches: Any, layout_map: Any) -> None:
+    if strategy == "parameter_server":
+        raise ValueError(f"{PARAMETER_SERVER_REFUSAL} Received: strategy={strategy!r}")
     if not isinstance(strategy, str):
         raise ValueError(
             "A strategy object is TensorFlow's (tf.distribute) and does not apply on the JAX "

@@ -84,12 +84,23 @@ def summary_writer(logdir: str) -> Any:
 
 
 def parallelize_factory(factory: Any, *, strategy: Any, devices: Any, require_compiled: bool,
-                micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None) -> Any:
+                micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None,
+                partition: Any = None) -> Any:
     """`kmp.parallelize` on a backend without distributed `fit`: the factory runs as is on
     one device; anything that would distribute raises, naming what to use."""
     import functools
 
     from keras_mgpu_plugins.cluster.topology import topology_from_env
+
+    if strategy == "parameter_server" or partition is not None:
+        raise NotImplementedError(
+            f"strategy='parameter_server' (and variable_partitioner, min_shard_bytes, "
+            f"max_shards) is TensorFlow's parameter-server training (tf.distribute's "
+            f"ParameterServerStrategy); Keras has none on the {_backend()!r} backend (for "
+            f"JAX it is a Keras proposal, keras-team/keras#20753). Received: "
+            f"strategy={strategy!r}. Use KERAS_BACKEND=tensorflow for parameter servers, or "
+            "strategy='multi_worker' for data-parallel training over every process where the "
+            "backend offers it (JAX).")
 
     topo = topology_from_env(os.environ, local_device_names())
     wants = (strategy not in ("auto", "default") or devices is not None
@@ -121,3 +132,12 @@ def join_job() -> None:
         "backend. Use KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow (pip install "
         "'keras_mgpu_plugins[jax]' or '[tensorflow]'), or run one worker."
     )
+
+
+def serve_parameter_server(topology: Any) -> None:
+    """Parameter servers are TensorFlow's: refused on this backend."""
+    raise NotImplementedError(
+        f'TF_CONFIG describes a parameter-server cluster (task type "ps"), which Keras trains on '
+        f"the TensorFlow backend only (for JAX it is a Keras proposal, keras-team/keras#20753); "
+        f"this is the {_backend()!r} backend. Use KERAS_BACKEND=tensorflow, or remove the "
+        '"ps" tasks.')

@@ -82,7 +82,24 @@ def parallelize_factory(factory: Any, layout_map: Any = None, **options: Any) ->
 def join_job() -> None:
     """Joins the multi-worker job before any user code: creates the process's
     `MultiWorkerMirroredStrategy` (TensorFlow configures collectives only before its
-    runtime starts); `kmp.parallelize` then gets this object."""
-    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
+    runtime starts); `kmp.parallelize` then gets this object.
 
+    In a parameter-server cluster a worker or parameter server serves (never returns),
+    and the chief joins when its factory is decorated (`ParameterServerStrategy` connects
+    at any time, and needs the factory's partitioning)."""
+    from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
+    from keras_mgpu_plugins.cluster.topology import topology
+
+    topo = topology()
+    if topo.is_parameter_server_cluster:
+        if topo.serves:
+            serve_parameter_server(topo)
+        return
     get_strategy("multi_worker")
+
+
+def serve_parameter_server(topo: Any) -> None:
+    """Runs this worker's or parameter server's TensorFlow server; never returns."""
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import serve
+
+    serve(topo)

@@ -12,11 +12,20 @@ from keras_mgpu_plugins.cluster.topology import topology
 
 def parallelize(factory: Callable[..., Any] | None, *, strategy: Any, devices: Any,
                 require_compiled: bool, micro_batches: int | None,
-                sync_batchnorm: bool) -> Any:
+                sync_batchnorm: bool, partition: Any = None) -> Any:
     """`kmp.parallelize` on TensorFlow (arguments checked and documented there)."""
     if isinstance(strategy, str) and strategy not in _strategy.PARALLELIZE_NAMES:
         raise ValueError(f"strategy must be one of {list(_strategy.PARALLELIZE_NAMES)} or a "
                          f"tf.distribute.Strategy instance. Received: strategy={strategy!r}")
+    if isinstance(strategy, str) and strategy not in ("model_parallel", "hybrid") and (
+            _strategy.resolve_name(strategy, topology()) == "parameter_server"):
+        return _parameter_server(factory, devices, require_compiled, micro_batches,
+                                 sync_batchnorm, partition)
+    if partition is not None:
+        raise ValueError(
+            "variable_partitioner, min_shard_bytes and max_shards split variables over "
+            "parameter servers: they apply to strategy='parameter_server' (or 'auto' in a "
+            f"cluster with \"ps\" tasks). Received: strategy={strategy!r}, {partition.describe()}")
     if strategy == "model_parallel":
         if sync_batchnorm:
             raise ValueError(
@@ -64,6 +73,47 @@ def parallelize(factory: Callable[..., Any] | None, *, strategy: Any, devices: A
             return model
 
         wrapper.strategy = lambda: _strategy.get_strategy(strategy, devices)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate(factory) if factory is not None else decorate
+
+
+def _parameter_server(factory: Callable[..., Any] | None, devices: Any, require_compiled: bool,
+                      micro_batches: Any, sync_batchnorm: bool, partition: Any) -> Any:
+    """`@parallelize(strategy="parameter_server")`: see `backends.tensorflow.parameter_server`.
+
+    On a worker or parameter server of the cluster this serves and never returns (only the
+    chief runs the script on); on the chief it connects to the cluster now.
+    """
+    for name, value, default in (("devices", devices, None), ("micro_batches", micro_batches, None),
+                                 ("sync_batchnorm", sync_batchnorm, False)):
+        if value != default:
+            raise ValueError(
+                f"{name} does not apply to strategy='parameter_server': each worker runs whole "
+                "steps of the model on its own device, asynchronously, with the variables on "
+                f"the parameter servers. Received: {name}={value!r}. Leave {name} out.")
+    from keras_mgpu_plugins.backends.tensorflow.parameter_server import report
+
+    topo = topology()
+    if topo.serves:
+        from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import serve
+
+        serve(topo)
+    _strategy.get_strategy("parameter_server", partition=partition)  # connect now
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            active = _strategy.get_strategy("parameter_server", partition=partition)
+            with active.scope():
+                model = fn(*args, **kwargs)
+            _check_model(fn, model, active, require_compiled)
+            _sum_duplicate_slices(model)
+            report.record(model, topo.num_ps)  # kmp.placement_report: the parameter servers
+            return model
+
+        wrapper.strategy = lambda: _strategy.get_strategy(  # type: ignore[attr-defined]
+            "parameter_server", partition=partition)
         return wrapper
 
     return decorate(factory) if factory is not None else decorate

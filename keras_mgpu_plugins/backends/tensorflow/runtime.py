@@ -79,12 +79,18 @@ class TensorFlowRuntime(Runtime):
         import tensorflow as tf
 
         strategy = self.strategy or tf.distribute.get_strategy()
-        return {
+        described = {
             "strategy": tf_distribute_name(tf, strategy),
             "devices": strategy_devices(strategy),
             "gpu_models": _local_devices.gpu_models(),
             "tensorflow_version": tf.__version__,
         }
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster
+
+            # The chief alone runs fit (num_workers 1 for kmp's callbacks): the cluster's size.
+            described.update(ps_workers=cluster.num_workers(), parameter_servers=cluster.num_ps())
+        return described
 
     # --- the replicas of this worker (WeightSyncVerifier) --------------------------------
     @property
@@ -111,6 +117,8 @@ def tf_distribute_name(tf: Any, strategy: Any) -> str:
     for name in ("MultiWorkerMirroredStrategy", "MirroredStrategy", "OneDeviceStrategy", "TPUStrategy"):
         if isinstance(strategy, getattr(tf.distribute, name)):
             return name
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return "ParameterServerStrategy"
     return "default" if strategy is tf.distribute.get_strategy() else type(strategy).__name__
 
 

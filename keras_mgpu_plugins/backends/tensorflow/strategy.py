@@ -15,19 +15,17 @@ from keras_mgpu_plugins import _same_callbacks, _worker_output
 from keras_mgpu_plugins.backends.tensorflow import collective, same_calls
 from keras_mgpu_plugins.backends.tensorflow import local_devices as _local_devices
 from keras_mgpu_plugins.backends.tensorflow import rank as _rank
-from keras_mgpu_plugins.cluster.topology import Topology, topology
+from keras_mgpu_plugins.backends.tensorflow.ports import check_own_port_free as _check_own_port_free
+from keras_mgpu_plugins.cluster.topology import PS_REFUSAL, Topology, topology
+from keras_mgpu_plugins.errors import StrategyError  # noqa: F401 - kmp.strategy.StrategyError
 
-STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default")
+STRATEGY_NAMES = ("auto", "mirrored", "multi_worker", "default", "parameter_server")
 #: What `@kmp.parallelize(strategy=...)` takes by name on TensorFlow: the names above, and
 #: the two that place the model over devices (`backends.tensorflow.parallelize`).
 PARALLELIZE_NAMES = (*STRATEGY_NAMES, "model_parallel", "hybrid")
 
 _lock = threading.Lock()
 _strategies: dict[tuple, Any] = {}
-
-
-class StrategyError(RuntimeError):
-    """A strategy cannot be created as asked."""
 
 
 def resolve_name(spec: str, topo: Topology) -> str:
@@ -38,18 +36,28 @@ def resolve_name(spec: str, topo: Topology) -> str:
         topo: The process's topology.
 
     Returns:
-        `"multi_worker"`, `"mirrored"` or `"default"`.
+        `"parameter_server"`, `"multi_worker"`, `"mirrored"` or `"default"`.
 
     Raises:
-        ValueError: If `spec` is not a known name.
+        ValueError: If `spec` is not a known name; an all-reduce strategy on a cluster with
+            parameter servers; `"parameter_server"` on a cluster without them.
     """
     if spec not in STRATEGY_NAMES:
         raise ValueError(
             f"strategy must be one of {list(STRATEGY_NAMES)} or a tf.distribute.Strategy "
             f"instance. Received: strategy={spec!r}"
         )
+    if topo.is_parameter_server_cluster and spec in ("mirrored", "multi_worker"):
+        raise ValueError(PS_REFUSAL.format(strategy=spec)
+                         + f" Received: strategy={spec!r}, ps={list(topo.cluster_spec['ps'])!r}")
+    if spec == "parameter_server" and not topo.is_parameter_server_cluster:
+        from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import no_cluster_error
+
+        raise no_cluster_error(topo)
     if spec != "auto":
         return spec
+    if topo.is_parameter_server_cluster:
+        return "parameter_server"
     if topo.is_multi_worker:
         return "multi_worker"
     if topo.num_local_devices > 1:  # several GPUs, or a CPU split by simulate_devices
@@ -57,14 +65,17 @@ def resolve_name(spec: str, topo: Topology) -> str:
     return "default"
 
 
-def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> Any:
+def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None,
+                 partition: Any = None) -> Any:
     """Returns the process's strategy for `spec`, creating it on first use.
 
     Args:
-        spec: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`, or a
-            `tf.distribute.Strategy` (returned as is).
+        spec: `"auto"`, `"mirrored"`, `"multi_worker"`, `"default"`,
+            `"parameter_server"`, or a `tf.distribute.Strategy` (returned as is).
         devices: For `"mirrored"`, the devices to replicate on (default: every
             local GPU, else every logical CPU device).
+        partition: For `"parameter_server"`: how variables are split over the
+            parameter servers (`cluster.partition.Partition`; default: its defaults).
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -80,6 +91,12 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
 
     if not isinstance(spec, str):
         check_instance(spec, devices)
+        from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster
+
+        if cluster.is_parameter_server(spec):
+            cluster.adopt(spec)  # a coordinator, and kmp's fit for its models
+            collective.note_strategy(spec)
+            return spec
         multi_worker = isinstance(spec, tf.distribute.MultiWorkerMirroredStrategy)
         if multi_worker or compat.distributing(spec):  # even one worker: the fixes below
             compat.check_keras_for_distribution()
@@ -98,6 +115,18 @@ def get_strategy(spec: Any = "auto", devices: Sequence[str] | None = None) -> An
         )
     if name != "default":
         compat.check_keras_for_distribution()
+    if name == "parameter_server":
+        from keras_mgpu_plugins.backends.tensorflow.parameter_server import cluster
+        from keras_mgpu_plugins.cluster.partition import Partition
+
+        partition = partition if partition is not None else Partition()
+        with _lock:
+            key = ("parameter_server", None)
+            if key not in _strategies:
+                _strategies[key] = cluster.create_strategy(topology(), partition)
+        cluster.check_same_partition(_strategies[key], partition)
+        collective.note_strategy(_strategies[key])
+        return _strategies[key]
     with _lock:
         # One strategy per device set: two MirroredStrategy objects over the same
         # devices collide in TensorFlow's collective instance keys.
@@ -262,35 +291,6 @@ def _slurm_resolver(tf: Any, topo: Topology, accelerators: dict | None = None) -
         spec, task_type=topo.task_type, task_id=topo.task_index, rpc_layer="grpc",
         num_accelerators=accelerators,
     )
-
-
-def _check_own_port_free(topo: Topology) -> None:
-    """Fails with the address when this worker's port is taken (TF would abort).
-
-    Binds as gRPC's server does, with `SO_REUSEADDR`: connections of a previous
-    run on the same port, left in TIME_WAIT (a relaunch on fixed ports), do not
-    count; a socket listening on it does. It binds the wildcard address, as
-    gRPC's server does (`[::]` / `0.0.0.0`, whatever host `TF_CONFIG` names):
-    a probe of 127.0.0.1 misses a listener on another address of the host,
-    which gRPC's bind then collides with. The probe never listens (a connection
-    to it is refused) and is closed at once.
-    """
-    import socket
-
-    if not topo.is_multi_worker or topo.cluster_spec is None:
-        return
-    address = topo.cluster_spec[topo.task_type][topo.task_index]
-    port = int(address.rpartition(":")[2])
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError as err:
-            raise StrategyError(
-                f"Port {port} of this worker ({topo.task_type} {topo.task_index}, "
-                f"address {address!r} from {topo.source}) is already in use ({err.strerror}). "
-                "Stop the process that holds it, or give this task another port."
-            ) from None
 
 
 def reset_for_tests() -> None:
