@@ -116,29 +116,33 @@ def patch_distribute_data() -> Any:
     module = jax_trainer_module()
     original = module._distribute_data
 
-    def _distribute_data(data: Any, layouts: Any = None) -> Any:
-        return distribute(original, data, layouts)
+    def _distribute_data(data: Any, layouts: Any = None, **kwargs: Any) -> Any:
+        return distribute(original, data, layouts, **kwargs)
 
     return replace(module, "_distribute_data", _distribute_data)
 
 
-def distribute(original: Any, data: Any, layouts: Any = None) -> Any:
+def distribute(original: Any, data: Any, layouts: Any = None, **kwargs: Any) -> Any:
     """Keras's `_distribute_data`, but a batch kmp placed whole (a replicated global array
     among its leaves) is placed whole, and in one process a batch whose rows do not divide
-    over the batch axis is replicated (under a distribution kmp owns)."""
+    over the batch axis is replicated (under a distribution kmp owns).
+
+    Keras's further arguments (`is_super_batch` from Keras 3.16: the stacked batches of
+    `steps_per_execution`, batch axis second) go to Keras's own code, which lays a super
+    batch out itself."""
     import jax
     import keras
 
     distribution = keras.distribution.distribution()
-    if distribution is None or not owned(distribution):
-        return original(data, layouts)
+    if distribution is None or not owned(distribution) or kwargs.get("is_super_batch"):
+        return original(data, layouts, **kwargs)
     leaves = [a for a in keras.tree.flatten(data) if _is_array(a)]
     placed = any(isinstance(a, jax.Array) and not a.is_fully_addressable for a in leaves) or (
         jax.process_count() == 1 and any(_replicated_on(a, distribution) for a in leaves))
     if placed or (jax.process_count() == 1 and leaves
                   and not divides(rows(data), distribution)):
         return replicated(data, distribution)
-    return original(data, layouts)
+    return original(data, layouts, **kwargs)
 
 
 def _replicated_on(a: Any, distribution: Any) -> bool:
