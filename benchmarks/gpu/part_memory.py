@@ -24,8 +24,8 @@ import gc
 import common
 
 SIZES = {
-    # platform named: "auto" asks kmp's planned_device_names, which without
-    # CUDA_VISIBLE_DEVICES names the CPU even where a GPU driver is (see part_ceilings)
+    # platform named, not "auto": the run checks the platform it measures (part_ceilings
+    # records what kmp's planned_device_names says before JAX starts)
     "gpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 4, "budget_mb": 512,
             "devices": 1, "platform": "gpu"},
     "cpu": {"fits_share": 0.15, "too_large_share": 0.45, "depth": 2, "budget_mb": 16,

@@ -61,3 +61,14 @@ def _has_gpu_driver() -> bool | None:
         return None
     return bool(os.path.isdir("/proc/driver/nvidia/gpus") or glob.glob("/dev/nvidia[0-9]*")
                 or os.path.exists("/dev/kfd"))
+
+
+def gpus_on_driver() -> int | None:
+    """How many GPUs the driver shows (`/proc/driver/nvidia/gpus/*`, else `/dev/nvidia<N>`),
+    all of them visible where `CUDA_VISIBLE_DEVICES` is unset; `None` where it cannot say."""
+    import glob
+
+    if not sys.platform.startswith("linux"):
+        return None
+    found = glob.glob("/proc/driver/nvidia/gpus/*") or glob.glob("/dev/nvidia[0-9]*")
+    return len(found) or None

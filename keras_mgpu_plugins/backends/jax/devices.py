@@ -84,16 +84,33 @@ def planned_device_names() -> tuple[str, ...]:
 
     CPU only (`JAX_PLATFORMS` / `jax_platforms` is `"cpu"`, as `simulate_devices` sets it,
     or no GPU the environment can see): `jax_num_cpu_devices` CPUs. Otherwise the GPUs
-    the environment gives this process (`CUDA_VISIBLE_DEVICES`, the driver).
+    the environment gives this process: `CUDA_VISIBLE_DEVICES`, or, where it is unset and
+    JAX's CUDA/ROCm plugin is installed, every GPU the driver shows.
     """
     import jax
 
-    from keras_mgpu_plugins.cluster.local_devices import _has_gpu_driver, gpus_from_env
+    from keras_mgpu_plugins.cluster.local_devices import (
+        _has_gpu_driver,
+        gpus_from_env,
+        gpus_on_driver,
+    )
 
     platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
     cpus = max(1, int(jax.config.jax_num_cpu_devices or 0))
     if platforms.split(",")[0].strip() != "cpu":
-        gpus = gpus_from_env(os.environ, _has_gpu_driver())
+        driver = _has_gpu_driver()
+        gpus = gpus_from_env(os.environ, driver)
+        if gpus is None and driver and _jax_gpu_plugin():  # every GPU the driver shows
+            gpus = gpus_on_driver()
         if gpus:
             return tuple(f"GPU:{i}" for i in range(gpus))
     return tuple(f"CPU:{i}" for i in range(cpus))
+
+
+def _jax_gpu_plugin() -> bool:
+    """Whether JAX's CUDA or ROCm plugin is installed (without it JAX starts on the CPU)."""
+    import importlib.metadata
+
+    names = (str(d.metadata["Name"] or "").lower().replace("_", "-")
+             for d in importlib.metadata.distributions())
+    return any(n.startswith(("jax-cuda", "jax-rocm")) for n in names)
