@@ -129,8 +129,10 @@ NAMES: tuple[PrivateName, ...] = (
        has=("initialize_rng",), needs="jax"),
     _k("jax trainer module", "keras.src.backend.jax.trainer", has=("_distribute_data",),
        needs="jax"),
-    _k("jax variable", "keras.src.backend.jax.core.JaxVariable",
-       has=("_direct_assign", "_initialize_layout"), needs="jax"),
+    PrivateName("jax variable", "keras", (
+        ("3.0.0", "keras.src.backend.jax.core.JaxVariable"),
+        ("3.16.0", "keras.src.backend.jax.ops.core.Variable")),
+        has=("_direct_assign", "_initialize_layout"), note=_PLUGGABLE, needs="jax"),
     PrivateName("eager context", "tensorflow", (("2.16.0", "tensorflow.python.eager.context"),),
                 has=("context", "Context")),
     PrivateName("distributed iterator", "tensorflow", (
