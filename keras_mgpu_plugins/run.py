@@ -58,10 +58,15 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
             soon as Keras is imported (now, if it is): the bootstrap itself never
             imports Keras for it, so the script may still choose its backend first.
     """
+    from keras_mgpu_plugins import _stop_signals
+
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
         from keras_mgpu_plugins import backends
 
         backends.current().join_job()
+    # After the runtime's own SIGTERM notifier: a stop signal ends the worker cleanly, or
+    # (in a fit with BackupAndRestore) at the step the workers agree on, saved.
+    _stop_signals.install(_stop_signals.parse(_stop_signals.DEFAULT_SIGNALS))
     if stall_timeout is not None:
         from keras_mgpu_plugins._after_import import when_imported
 
@@ -108,10 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"Received: script={target!r}", file=sys.stderr)
             return 2
     from keras_mgpu_plugins.cluster.topology import topology
+    from keras_mgpu_plugins.errors import TrainingStopped
 
-    prepare(create_strategy=topology().is_multi_worker)
     try:
+        prepare(create_strategy=topology().is_multi_worker)
         run_program(target, rest, is_module)
+    except TrainingStopped as stopped:  # said already; the runtime could hold the interpreter
+        from keras_mgpu_plugins.launch._exit import _exit_after_failure
+
+        _exit_after_failure(int(stopped.code))
     except SystemExit:
         raise
     except BaseException as err:  # noqa: B036 - printed like Python does, then a sure exit

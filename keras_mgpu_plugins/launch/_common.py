@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from keras_mgpu_plugins.launch._errors import LaunchError
+from keras_mgpu_plugins.launch._signals import DEFAULT_STOP_GRACE_S
 
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
                    "KMP_JOB_DIR")
@@ -23,14 +24,16 @@ DEFAULT_STALL_TIMEOUT = 600.0
 STALL_TIMEOUT_ENV = "KMP_STALL_TIMEOUT"
 
 
+
+
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
          payload: bytes | None = None, output: str = "chief",
-         log_dir: str | None = None) -> list[Any]:
+         log_dir: str | None = None, stop_grace: float = DEFAULT_STOP_GRACE_S) -> list[Any]:
     # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
     # this package first, and must not have imported its own module already.
     from keras_mgpu_plugins.launch._supervisor import run
 
-    return run(spec, num_workers, timeout, environ, payload, output, log_dir)
+    return run(spec, num_workers, timeout, environ, payload, output, log_dir, stop_grace)
 
 
 def _check_common(num_workers: Any, timeout: Any) -> None:
