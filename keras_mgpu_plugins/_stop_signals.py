@@ -46,7 +46,7 @@ HARD_STOP = "stop-now"
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"request": None, "armed": 0, "repeats": 0}
+_state: dict[str, Any] = {"request": None, "armed": False, "repeats": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,17 +125,16 @@ def install(signums: Iterable[int]) -> Callable[[], None] | None:
 
 
 def arm() -> None:
-    """A `fit` that saves at a stop signal begins: signals are requests from now on."""
+    """A `fit` that saves at a stop signal begins: signals are requests from now on (one
+    received before, and not acted on, is kept: that `fit` stops before its first step)."""
     with _lock:
-        _state["armed"] += 1
+        _state["armed"] = True
 
 
 def disarm() -> None:
-    """That `fit` ended; with no other armed, a pending request is dropped."""
+    """That `fit` ended: a signal stops the process again; a pending request is dropped."""
     with _lock:
-        _state["armed"] = max(0, _state["armed"] - 1)
-        if not _state["armed"]:
-            _state["request"], _state["repeats"] = None, 0
+        _state["armed"], _state["request"], _state["repeats"] = False, None, 0
 
 
 def requested() -> Request | None:
@@ -179,7 +178,7 @@ def _handle(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     with _lock:
-        armed, first = _state["armed"] > 0, _state["request"] is None
+        armed, first = _state["armed"], _state["request"] is None
         if armed and first:
             _state["request"] = Request(signum, name(signum), time.time())
         elif armed:

@@ -139,6 +139,35 @@ def check_initial_epoch() -> list[str]:
     return []
 
 
+#: How each backend's `fit` calls its train function (`compat.skip_train_steps` mimics it).
+TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
+                        "jax": "self.train_function(state, iterator)"}
+
+
+def check_train_function() -> list[str]:
+    """`fit` makes its train function before `on_train_begin`, then calls it as known."""
+    import inspect
+
+    import keras
+
+    backend = keras.backend.backend()
+    call = TRAIN_FUNCTION_CALLS.get(backend)
+    if call is None:
+        return [f"the {backend} backend's fit is not known"]
+    trainer = importlib.import_module(f"keras.src.backend.{backend}.trainer")
+    fit = next((c.fit for c in vars(trainer).values()
+                if inspect.isclass(c) and "fit" in vars(c)), None)
+    try:
+        source = inspect.getsource(fit) if fit is not None else ""
+    except (OSError, TypeError):
+        return [f"the source of keras.src.backend.{backend}.trainer's fit cannot be read"]
+    made, begun = source.find("self.make_train_function()"), source.find("on_train_begin(")
+    problems = [] if call in source else [f"fit no longer calls {call}"]
+    if made < 0 or begun < 0 or made > begun:
+        problems.append("fit no longer makes its train function before on_train_begin")
+    return problems
+
+
 def check_print_msg() -> list[str]:
     problems = check_names(IO_UTILS, ("print_msg",))
     return problems or ([] if params(importlib.import_module(IO_UTILS).print_msg)[:1] == ("message",)

@@ -1,0 +1,93 @@
+"""A stop signal during a 2-worker TensorFlow `fit` (`kmp-launch`): saved, then resumed bit-exact.
+
+`tests/scripts/preempt.py` trains with `kmp.callbacks.BackupAndRestore` (Adam, Dropout,
+`shuffle=True`, seeded). A SIGTERM sent to one worker, or to `kmp-launch` (which forwards
+it), stops every worker at one agreed step with the backup of that step written
+(exit code 75); the same command again resumes mid-epoch and ends with the weights of
+the uninterrupted run, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "tests" / "scripts" / "preempt.py"
+
+
+def launch(tmp_path, name, *options, workers=2, signal_launcher_at_mark=False, env=None):
+    """Runs `kmp-launch -n WORKERS scripts/preempt.py` once: (exit code, stderr, out prefix)."""
+    out = str(tmp_path / name)
+    pythonpath = filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), **(env or {})}
+    command = [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(workers),
+               "--timeout", "280", str(SCRIPT), str(tmp_path / "backup"), out, *options]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if signal_launcher_at_mark:
+        while not os.path.exists(out + ".mark") and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err, out
+
+
+def weights(out):
+    return np.load(out + ".npy")
+
+
+def events(out):
+    with open(out + ".json") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    code, err, out = launch(folder, "run")
+    assert code == 0, err[-3000:]
+    assert events(out)["epochs"] == [0, 1, 2]
+    return weights(out)
+
+
+def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_rerun_is_bit_exact(
+        tmp_path, uninterrupted):
+    code, err, _ = launch(tmp_path, "stopped", "--signal-at", "1:2:1")
+    assert code == 75, err[-3000:]
+    assert err.rstrip().endswith(
+        "kmp-launch: The job was stopped by SIGTERM (received by worker 1) in epoch 2, after 4 "
+        "of its batches, the step every worker agreed on; BackupAndRestore saved it in "
+        f"{tmp_path / 'backup'}: run the same command again to resume (exit code 75).")
+    with open(tmp_path / "backup" / "training_metadata.json") as f:
+        record = json.load(f)
+    assert (record["epoch"], record["batches_done"]) == (1, 4)
+    assert record["training"]["world"] == {"replicas": 2, "workers": 2, "steps": 6}
+
+    code, err, out = launch(tmp_path, "resumed")
+    assert code == 0, err[-3000:]
+    assert events(out)["epochs"] == [1, 2]
+    np.testing.assert_array_equal(weights(out), uninterrupted)
+    assert not (tmp_path / "backup").exists()
+
+
+def test_sigterm_to_kmp_launch_is_forwarded_and_the_rerun_is_bit_exact(tmp_path, uninterrupted):
+    code, err, _ = launch(tmp_path, "stopped", "--mark-at", "1:1", "--slow", "0.2",
+                          signal_launcher_at_mark=True)
+    assert code == 75, err[-3000:]
+    assert "kmp-launch: SIGTERM received: forwarded to every worker" in err
+    assert ("kmp-launch: The job was stopped by SIGTERM (sent to kmp-launch, which forwarded "
+            "it to every worker) in epoch 2, after ") in err
+    code, err, out = launch(tmp_path, "resumed")
+    assert code == 0, err[-3000:]
+    np.testing.assert_array_equal(weights(out), uninterrupted)
