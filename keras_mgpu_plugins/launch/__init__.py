@@ -29,6 +29,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from keras_mgpu_plugins.launch import _restarts
 from keras_mgpu_plugins.launch._common import (  # noqa: F401 - re-exported
     DEFAULT_STALL_TIMEOUT,
     DEFAULT_STOP_GRACE_S,
@@ -55,7 +56,7 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
            create_strategy: bool = True, env: Mapping[str, str | None] | None = None,
            output: str = "chief", log_dir: str | None = None,
            stall_timeout: float | str | None = "auto",
-           stop_grace: float = DEFAULT_STOP_GRACE_S) -> list[Any]:
+           stop_grace: float = DEFAULT_STOP_GRACE_S, max_restarts: int = 0) -> list[Any]:
     """Runs `fn(*args, **kwargs)` in `num_workers` fresh local worker processes.
 
     Each worker gets `TF_CONFIG` for a localhost cluster of `num_workers`
@@ -107,6 +108,11 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
             SIGUSR1 sent to this process, forwarded to every worker, or sent to a
             worker): in a `fit` with `kmp.callbacks.BackupAndRestore` they save the
             step they agree on, then stop (docs/preemption.md).
+        max_restarts: Run the job again, up to this many times, when a worker was
+            stopped by a signal (not this process) or killed (SIGKILL, out of memory):
+            `fn` resumes from what `kmp.callbacks.BackupAndRestore` saved. Each restart
+            is named on stderr with its cause; the workers see `KMP_RESTART` (0, 1, ...).
+            A worker that raised is never restarted.
 
     Returns:
         What `fn` returned in each worker, in worker order.
@@ -138,12 +144,14 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
     _check_stop_grace(stop_grace)
+    _restarts.check(max_restarts)
     environ = _worker_environ(env)
     watchdog = resolve_stall_timeout(stall_timeout, environ)  # KMP_STALL_TIMEOUT: env's too
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
     spec = {"mode": "function", "sys_path": list(sys.path),
             "create_strategy": bool(create_strategy), "stall_timeout": watchdog}
-    return _run(spec, num_workers, timeout, environ, payload, output, log_dir, stop_grace)
+    return _run(spec, num_workers, timeout, environ, payload, output, log_dir, stop_grace,
+                max_restarts)
 
 
 def _check_stop_grace(stop_grace: Any) -> None:

@@ -71,6 +71,12 @@ a failed worker, --timeout, Ctrl-C, a stop signal), the job's private folder
 (kmp-launch-* in the temporary folder: spec, job folder) is removed; the log
 files stay.
 
+--max-restarts N runs the job again, up to N times, when a worker was stopped
+by a signal (SIGTERM, SIGUSR1 sent to it, not to kmp-launch) or killed (SIGKILL,
+the out-of-memory killer): the script resumes from its BackupAndRestore backup.
+Each restart is named with its cause; the workers see KMP_RESTART=k. A worker
+that raised is not restarted (a rerun would raise again).
+
 No hang is silent: every model.fit in every worker runs with
 kmp.callbacks.StallWatchdog(timeout=SECONDS) (a fit that has its own keeps it):
 when no worker makes progress for that long, each prints its Python stacks and
@@ -86,11 +92,12 @@ examples:
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
   kmp-launch -n 2 --stall-timeout 1800 train.py    # a first step that compiles for long
   kmp-launch -n 2 --stall-timeout 0 train.py       # no StallWatchdog
+  kmp-launch -n 2 --max-restarts 3 train.py        # rerun after a stop or a lost worker
   kmp-launch -n 2 --all-output --log-dir logs train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
 _VALUE_OPTIONS = ("-n", "--num-workers", "--timeout", "--stall-timeout", "--log-dir",
-                  "--stop-grace")
+                  "--stop-grace", "--max-restarts")
 
 
 def _positive(kind: type, flag: str, zero: str = "") -> Callable[[str], Any]:
@@ -114,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
         usage="kmp-launch [-n N] [--timeout SECONDS] [--stall-timeout SECONDS] "
-              "[--stop-grace SECONDS] [--no-strategy] [--all-output] [--log-dir DIR] "
+              "[--stop-grace SECONDS] [--max-restarts N] [--no-strategy] [--all-output] "
+              "[--log-dir DIR] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -134,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a stop signal (SIGTERM, SIGUSR1), how long the workers get "
                              "to save at the agreed step and exit before they are stopped "
                              f"(default: {DEFAULT_STOP_GRACE_S:g})")
+    parser.add_argument("--max-restarts", type=_positive(int, "--max-restarts", zero="none"),
+                        default=0, metavar="N",
+                        help="run the job again, up to N times, when a worker was stopped by a "
+                             "signal or killed: the script resumes from its BackupAndRestore "
+                             "backup (default: 0)")
     parser.add_argument("--no-strategy", action="store_true",
                         help="do not create the multi-worker strategy before the script starts")
     parser.add_argument("--all-output", action="store_true",
@@ -200,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_common(options.num_workers, options.timeout)
         _run(spec, options.num_workers, options.timeout, environ,
              output="all" if options.all_output else "chief", log_dir=options.log_dir,
-             stop_grace=options.stop_grace)
+             stop_grace=options.stop_grace, max_restarts=options.max_restarts)
     except JobStoppedError as err:
         print(f"kmp-launch: {err}", file=sys.stderr)
         return err.exit_code

@@ -26,13 +26,16 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "tests" / "scripts" / "preempt.py"
 
 
-def launch(tmp_path, name, *options, workers=2, signal_launcher_at_mark=False, env=None):
-    """Runs `kmp-launch -n WORKERS scripts/preempt.py` once: (exit code, stderr, out prefix)."""
+def launch(tmp_path, name, *script_options, workers=2, signal_launcher_at_mark=False, env=None,
+           options=()):
+    """Runs `kmp-launch -n WORKERS [OPTIONS] preempt.py [SCRIPT_OPTIONS]`: (exit code, stderr,
+    out prefix)."""
     out = str(tmp_path / name)
     pythonpath = filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), **(env or {})}
     command = [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(workers),
-               "--timeout", "280", str(SCRIPT), str(tmp_path / "backup"), out, *options]
+               "--timeout", "280", *options, str(SCRIPT), str(tmp_path / "backup"), out,
+               *script_options]
     proc = subprocess.Popen(command, cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if signal_launcher_at_mark:
@@ -90,4 +93,27 @@ def test_sigterm_to_kmp_launch_is_forwarded_and_the_rerun_is_bit_exact(tmp_path,
             "it to every worker) in epoch 2, after ") in err
     code, err, out = launch(tmp_path, "resumed")
     assert code == 0, err[-3000:]
+    np.testing.assert_array_equal(weights(out), uninterrupted)
+
+
+def test_max_restarts_reruns_after_a_lost_worker_from_its_mid_epoch_backup(tmp_path,
+                                                                           uninterrupted):
+    """Worker 1 is SIGKILLed in the first run; the restart resumes from the periodic backup
+    (every 2 batches) mid-epoch and ends with the uninterrupted run's weights."""
+    code, err, out = launch(tmp_path, "run", "--kill-at", "1:2:1", "--save-freq", "2",
+                            options=("--max-restarts", "2"))
+    assert code == 0, err[-3000:]
+    assert ("kmp-launch: restart 1 of 2: worker 1 of 2 was killed by signal SIGKILL (exit code "
+            "-9); resuming from the last backup.") in err
+    assert "restart 2" not in err
+    assert events(out)["epochs"] == [1, 2]
+    np.testing.assert_array_equal(weights(out), uninterrupted)
+
+
+def test_max_restarts_reruns_after_a_worker_was_stopped_by_a_signal(tmp_path, uninterrupted):
+    code, err, out = launch(tmp_path, "run", "--signal-at", "1:2:1",
+                            options=("--max-restarts", "1"))
+    assert code == 0, err[-3000:]
+    assert ("kmp-launch: restart 1 of 1: the job was stopped by SIGTERM; resuming from the "
+            f"backup in {tmp_path / 'backup'} (epoch 2, after 4 of its batches).") in err
     np.testing.assert_array_equal(weights(out), uninterrupted)

@@ -6,6 +6,8 @@ Trains a Dense-Dropout-Dense model with Adam on shuffled arrays, seeded, with
 `kmp.callbacks.BackupAndRestore(BACKUP_DIR)`; the chief saves the final weights
 (concatenated) to OUT.npy and the epochs begun and batches trained to OUT.json.
 `--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E (0-based).
+`--kill-at E:B:W`: worker W sends itself SIGKILL there instead. Both only in the
+job's first run (`KMP_RESTART` unset or 0: a restart by `--max-restarts` trains on).
 `--mark-at E:B`: the chief writes OUT.mark after batch B of epoch E (a test then
 signals the launcher). `--no-backup`: no BackupAndRestore. Any backend.
 """
@@ -28,12 +30,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("backup_dir")
 parser.add_argument("out")
 parser.add_argument("--signal-at", default="")
+parser.add_argument("--kill-at", default="")
 parser.add_argument("--mark-at", default="")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--rows", type=int, default=96)
 parser.add_argument("--no-backup", action="store_true")
 parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep per batch")
+parser.add_argument("--save-freq", default="epoch")
 args = parser.parse_args()
 
 keras.utils.set_random_seed(7)
@@ -62,7 +66,9 @@ def point(text):
     return tuple(int(v) for v in text.split(":")) if text else None
 
 
-signal_at, mark_at = point(args.signal_at), point(args.mark_at)
+first_run = os.environ.get("KMP_RESTART", "0") == "0"
+signal_at, kill_at = point(args.signal_at) if first_run else None, point(args.kill_at) if first_run else None
+mark_at = point(args.mark_at)
 
 
 class Events(keras.callbacks.Callback):
@@ -79,6 +85,8 @@ class Events(keras.callbacks.Callback):
             time.sleep(args.slow)
         if signal_at and (self.epoch, batch, worker) == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
+        if kill_at and (self.epoch, batch, worker) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         if mark_at and (self.epoch, batch) == mark_at and worker == 0:
             with open(args.out + ".mark", "w") as f:
                 f.write(str(time.time()))
@@ -86,7 +94,9 @@ class Events(keras.callbacks.Callback):
 
 events = Events()
 model = build()
-callbacks = [events] if args.no_backup else [BackupAndRestore(args.backup_dir), events]
+save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+callbacks = [events] if args.no_backup else [BackupAndRestore(args.backup_dir, save_freq=save_freq),
+                                             events]
 model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0,
           callbacks=callbacks)
 weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])

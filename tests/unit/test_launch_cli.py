@@ -96,7 +96,7 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
     seen = []
 
     def fake_run(spec, num_workers, timeout, environ, output="chief", log_dir=None,
-                 stop_grace=None):
+                 stop_grace=None, max_restarts=0):
         seen.append((spec, num_workers, timeout))
         outcome = next(outcomes)
         if outcome is not None:
