@@ -78,7 +78,10 @@ class Restoring:
         """Training goes on where `state` was taken: its epoch, batch, random states, order."""
         saved = state.training or {}
         training.check_world(saved.get("world"), here.replicas_in_sync, here.num_workers,
-                             self.params.get("steps"), None, self.backup_dir)
+                             self.params.get("steps"), self.backup_dir)
+        training.check_data_order(saved, self.backup_dir)
+        world = saved.get("world") or {}
+        self._check_split = world.get("replicas", here.replicas_in_sync) != here.replicas_in_sync
         if "seed_generators" in saved:
             training.set_seed_generators(self.model, saved["seed_generators"], self.backup_dir)
         if saved.get("numpy_rng"):

@@ -31,10 +31,7 @@ from typing import Any
 import numpy as np
 
 from keras_mgpu_plugins import _data_order
-
-
-class BackupMismatchError(ValueError):
-    """The backup in `backup_dir` was written by another model, optimizer, or data size."""
+from keras_mgpu_plugins.io.backup_state import BackupMismatchError, way_out
 
 
 def _random_states(model: Any) -> list:
@@ -138,17 +135,16 @@ def world(replicas: int, workers: int, steps: Any) -> dict[str, Any]:
 
 
 def check_world(saved: dict[str, Any] | None, replicas: int, workers: int, steps: Any,
-                batch_size: int | None, backup_dir: str) -> None:
+                backup_dir: str) -> None:
     """Raises if the backup cannot resume here with the same global batches.
 
-    A backup of N replicas resumes on M: Keras's `fit(batch_size=B)` is the global
-    batch, split over the replicas, so the same global batches continue, provided the
-    batches per epoch are the backup's (the same data and `batch_size`) and, where the
-    replicas changed, `B` divides over the M replicas (else TensorFlow splits it unevenly
-    and averages per replica: not the same global batch).
+    A backup of N replicas resumes on M: Keras's `fit(batch_size=B)` is the global batch,
+    split over the replicas, so the same global batches continue, provided the batches per
+    epoch are the backup's (the same data and `batch_size`). That `B` divides over the M
+    replicas is checked at the first step (`check_split`).
 
     Raises:
-        BackupMismatchError: Naming N, M, the batch, and what to do.
+        BackupMismatchError: Naming both counts and what to do.
     """
     if not saved:
         return
@@ -159,17 +155,62 @@ def check_world(saved: dict[str, Any] | None, replicas: int, workers: int, steps
             f"{steps_before} batches per epoch (on {before} replicas); this fit has {steps}: "
             "resume with the data and the batch_size (the global batch) that wrote it. "
             + _way_out(backup_dir))
-    if before != replicas and batch_size is not None and batch_size % replicas:
+
+
+def check_data_order(saved: dict[str, Any], backup_dir: str) -> None:
+    """Raises where the resumed `fit` cannot feed the rows in the backup's order.
+
+    kmp shuffles the global rows itself on several JAX processes (`_data_order`), Keras
+    shuffles them its own way in one process: a backup of one resumes in the other's order.
+
+    Raises:
+        BackupMismatchError: Naming both, and what to do.
+    """
+    here, there = _data_order.current() is not None, saved.get("data_order") is not None
+    workers = (saved.get("world") or {}).get("workers")
+    if there and not here:
         raise BackupMismatchError(
-            f"The backup in backup_dir={backup_dir!r} was written by {before} replicas "
-            f"({saved.get('workers', '?')} workers) training global batches of "
-            f"batch_size={batch_size}; here {replicas} replicas ({workers} workers) cannot "
-            f"split that batch evenly ({batch_size} % {replicas} = {batch_size % replicas}), "
-            "so training would not go on as it would have. Resume on a number of replicas "
-            f"that divides {batch_size} (e.g. {before}). " + _way_out(backup_dir))
+            f"The backup in backup_dir={backup_dir!r} was written by {workers} processes "
+            "that fed the rows in kmp's shared shuffled order; this fit does not (one process "
+            "shuffles with Keras's own order; or shuffle=False): resume on several processes "
+            "with shuffle=True, as the run that wrote it. " + _way_out(backup_dir))
+    if here and not there and workers == 1:
+        raise BackupMismatchError(
+            f"The backup in backup_dir={backup_dir!r} was written by one process (which "
+            "shuffles with Keras's own order, if at all); this fit on several processes feeds "
+            "the rows in kmp's shared shuffled order: resume on one process, or with "
+            "shuffle=False on both. " + _way_out(backup_dir))
+
+
+def check_split(rows: list[float] | None, runtime: Any, saved: dict[str, Any],
+                backup_dir: str) -> None:
+    """After the first step resumed on another number of replicas: raises on every worker if
+    the replicas were given different numbers of rows (the global batch does not divide
+    over them: TensorFlow then averages per replica, not over the global batch).
+
+    Args:
+        rows: The rows each of this worker's replicas trained so far this epoch
+            (`compat.loss_tracker_rows`), or `None` where not measured (JAX, whose
+            batches are split exactly, or fed whole, whatever their rows).
+        runtime: The model's runtime (one all-gather when it spans workers).
+
+    Raises:
+        BackupMismatchError: Naming N, M and the batch.
+    """
+    counts = [int(r) for r in rows or ()]
+    mine = np.array([min(counts, default=0), max(counts, default=0), sum(counts)], np.int64)
+    every = runtime.all_gather(mine) if runtime.spans_workers else mine[None]
+    total = int(every[:, 2].sum())
+    if rows is not None and every[:, 0].min() != every[:, 1].max():
+        raise BackupMismatchError(
+            f"The backup in backup_dir={backup_dir!r} was written by "
+            f"{saved.get('replicas')} replicas ({saved.get('workers')} workers); here "
+            f"{runtime.replicas_in_sync} replicas ({runtime.num_workers} workers) cannot split "
+            f"the global batch of {total} rows evenly, so training would not go on as the run "
+            f"that wrote it (TensorFlow averages each replica's part): resume on a number of "
+            f"replicas that divides {total} (e.g. {saved.get('replicas')}). Nothing was saved "
+            "since the backup. " + _way_out(backup_dir))
 
 
 def _way_out(backup_dir: str) -> str:
-    from keras_mgpu_plugins.io.backup_state import way_out
-
     return way_out(backup_dir)

@@ -21,13 +21,13 @@ from keras_mgpu_plugins import _stop_signals, compat, runtime
 from keras_mgpu_plugins.callbacks import _stopping
 from keras_mgpu_plugins.callbacks import _training_state as training
 from keras_mgpu_plugins.callbacks._backup_restoring import Restoring, copy_atomic
-from keras_mgpu_plugins.callbacks._training_state import BackupMismatchError  # noqa: F401
 from keras_mgpu_plugins.io import async_writer, atomic, snapshots
 from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     CORRUPT,
     INCOMPLETE,
     METADATA_NAME,
     WEIGHTS_NAME,
+    BackupMismatchError,
     BackupNotSharedError,
     BackupState,
     check_shared,
@@ -143,6 +143,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
         self._batches_done = self._skip_until = 0  # of the running epoch; skipped on resume
         self._due_at_end = False  # a periodic backup due at an epoch's last batch
+        self._check_split = False  # resumed on another number of replicas: check the split
         self._epoch_start: dict = {}  # random and data-order states at the epoch's start
         self._undo_skip = lambda: None
         self._on_disk: BackupState | None = None
@@ -195,6 +196,10 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         if batch < self._skip_until:  # a batch the backup had trained, drawn and skipped
             self._last_batch_seen = batch
             return
+        if self._check_split:  # the first step on another number of replicas
+            self._check_split = False
+            training.check_split(compat.loss_tracker_rows(self.model), runtime.of(self.model),
+                                 (self._on_disk.training or {}).get("world", {}), self.backup_dir)
         due = self._batch_due(batch)
         # An epoch's last batch: its backup and a stop wait for the epoch's end (validation,
         # on_epoch_end), so that a resumed fit never skips every batch of an epoch.

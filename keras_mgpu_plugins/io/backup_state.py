@@ -34,6 +34,11 @@ class BackupNotSharedError(RuntimeError):
     """Workers see different backups: `backup_dir` is not on shared storage."""
 
 
+class BackupMismatchError(ValueError):
+    """The backup cannot resume this `fit`: written by another model or optimizer, for
+    other data, or by a number of workers this one cannot continue from."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BackupState:
     """A restorable training state: a weights file and where training stood.

@@ -10,6 +10,7 @@ the same command again ends with the weights of the uninterrupted run, bit for b
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -63,3 +64,40 @@ def test_sigterm_stops_at_one_step_and_the_rerun_is_bit_exact(tmp_path, processe
     weights, epochs = result(out)
     assert epochs == [1, 2]
     np.testing.assert_array_equal(weights, expected)
+
+
+# --- elastic: a backup of 2 processes resumed on one process -----------------------------
+
+
+@pytest.fixture(scope="module")
+def two_process_backup(tmp_path_factory):
+    """`shuffle=False`: the uninterrupted 2-process run's weights, and the backup 2 processes
+    wrote mid-epoch. (JAX draws Dropout's masks over the global batch: elastic with it.)"""
+    folder = tmp_path_factory.mktemp("elastic")
+    code, err, out = run(folder, "uninterrupted", "--no-shuffle")
+    assert code == 0, err[-3000:]
+    code, err, _ = run(folder, "stopped", "--no-shuffle", "--signal-at", "1:2:1")
+    assert code == 75, err[-3000:]
+    return result(out)[0], folder / "backup"
+
+
+@pytest.mark.parametrize("devices", [2, 1])
+def test_a_backup_of_2_processes_resumes_on_one_process_within_float_noise(
+        tmp_path, two_process_backup, devices):
+    expected, backup = two_process_backup
+    shutil.copytree(backup, tmp_path / "backup")
+    code, err, out = run(tmp_path, "resumed", "--no-shuffle", processes=1, devices=devices)
+    assert code == 0, err[-3000:]
+    weights, epochs = result(out)
+    assert epochs == [1, 2]
+    np.testing.assert_allclose(weights, expected, rtol=0, atol=1e-5)
+
+
+def test_kmps_shared_shuffle_of_2_processes_does_not_resume_on_one_silently(tmp_path):
+    code, err, _ = run(tmp_path, "stopped", "--signal-at", "0:2:1")
+    assert code == 75, err[-3000:]
+    code, err, _ = run(tmp_path, "resumed", processes=1, devices=2)
+    assert code == 1
+    assert ("BackupMismatchError: The backup in backup_dir="
+            f"'{tmp_path / 'backup'}' was written by 2 processes that fed the rows in kmp's "
+            "shared shuffled order; this fit does not") in err, err[-3000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,3 +118,42 @@ def test_max_restarts_reruns_after_a_worker_was_stopped_by_a_signal(tmp_path, un
     assert ("kmp-launch: restart 1 of 1: the job was stopped by SIGTERM; resuming from the "
             f"backup in {tmp_path / 'backup'} (epoch 2, after 4 of its batches).") in err
     np.testing.assert_array_equal(weights(out), uninterrupted)
+
+
+# --- elastic: a backup of 2 workers resumed on 1, 4 and 3 -----------------------------------
+
+NO_DROPOUT = ("--dropout", "0")  # Dropout draws its masks per replica: not elastic
+
+
+@pytest.fixture(scope="module")
+def two_worker_backup(tmp_path_factory):
+    """The uninterrupted 2-worker run's weights, and a backup 2 workers wrote mid-epoch."""
+    folder = tmp_path_factory.mktemp("elastic")
+    code, err, out = launch(folder, "uninterrupted", *NO_DROPOUT)
+    assert code == 0, err[-3000:]
+    code, err, _ = launch(folder, "stopped", *NO_DROPOUT, "--signal-at", "1:2:1")
+    assert code == 75, err[-3000:]
+    return weights(out), folder / "backup"
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_backup_of_2_workers_resumes_on_another_number_within_float_noise(
+        tmp_path, two_worker_backup, workers):
+    expected, backup = two_worker_backup
+    shutil.copytree(backup, tmp_path / "backup")
+    code, err, out = launch(tmp_path, "resumed", *NO_DROPOUT, workers=workers)
+    assert code == 0, err[-3000:]
+    assert events(out)["epochs"] == [1, 2]
+    np.testing.assert_allclose(weights(out), expected, rtol=0, atol=1e-5)
+
+
+def test_a_backup_resumed_where_the_global_batch_does_not_divide_is_refused(
+        tmp_path, two_worker_backup):
+    _, backup = two_worker_backup
+    shutil.copytree(backup, tmp_path / "backup")
+    code, err, _ = launch(tmp_path, "resumed", *NO_DROPOUT, workers=3)
+    assert code != 0
+    assert ("BackupMismatchError: The backup in backup_dir="
+            f"'{tmp_path / 'backup'}' was written by 2 replicas (2 workers); here 3 replicas "
+            "(3 workers) cannot split the global batch of 16 rows evenly") in err, err[-3000:]
+    assert (tmp_path / "backup" / "latest.weights.h5").exists()  # kept, whole

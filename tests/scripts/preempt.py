@@ -38,6 +38,8 @@ parser.add_argument("--rows", type=int, default=96)
 parser.add_argument("--no-backup", action="store_true")
 parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep per batch")
 parser.add_argument("--save-freq", default="epoch")
+parser.add_argument("--dropout", type=float, default=0.25)
+parser.add_argument("--no-shuffle", action="store_true")
 args = parser.parse_args()
 
 keras.utils.set_random_seed(7)
@@ -49,7 +51,7 @@ def build():
         keras.Input((6,)),
         keras.layers.Dense(16, activation="relu",
                            kernel_initializer=keras.initializers.GlorotUniform(1)),
-        keras.layers.Dropout(0.25, seed=3),
+        keras.layers.Dropout(args.dropout, seed=3),
         keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2)),
     ])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
@@ -97,7 +99,8 @@ model = build()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 callbacks = [events] if args.no_backup else [BackupAndRestore(args.backup_dir, save_freq=save_freq),
                                              events]
-model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0,
+model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
+          verbose=0,
           callbacks=callbacks)
 weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 if worker == 0:

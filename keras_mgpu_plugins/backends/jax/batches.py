@@ -205,8 +205,8 @@ def global_batches(arrays: tuple, batch: int, mode: Any, distribution: Any) -> A
             return taken
 
     feeding = GlobalBatches()
-    if mode:  # a shuffled order BackupAndRestore records and restores (`_data_order`)
-        _data_order.register(feeding)
+    # a shuffled order BackupAndRestore records and restores (`_data_order`); fit's x last
+    _data_order.register(feeding if mode else None)
     return feeding
 
 
