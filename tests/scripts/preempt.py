@@ -4,12 +4,15 @@
 
 Trains a Dense-Dropout-Dense model with Adam on shuffled arrays, seeded, with
 `kmp.callbacks.BackupAndRestore(BACKUP_DIR)`; the chief saves the final weights
-(concatenated) to OUT.npy and the epochs begun and batches trained to OUT.json.
+(concatenated) to OUT.npy and the epochs begun, batches trained and `fit`'s seconds
+(`fit_s`) to OUT.json.
 `--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E (0-based).
 `--kill-at E:B:W`: worker W sends itself SIGKILL there instead. Both only in the
 job's first run (`KMP_RESTART` unset or 0: a restart by `--max-restarts` trains on).
 `--mark-at E:B`: the chief writes OUT.mark after batch B of epoch E (a test then
-signals the launcher). `--no-backup`: no BackupAndRestore. Any backend.
+signals the launcher). `--no-backup`: no BackupAndRestore. `--no-stop-signals`:
+`stop_signals=None`. `--progress`: each worker writes OUT.progress-W ("epoch batch") at
+each batch end (`benchmarks/preemption.py`). Any backend.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep pe
 parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--dropout", type=float, default=0.25)
 parser.add_argument("--no-shuffle", action="store_true")
+parser.add_argument("--no-stop-signals", action="store_true")
+parser.add_argument("--progress", action="store_true",
+                    help="each worker writes OUT.progress-W (epoch batch) at each batch end")
 args = parser.parse_args()
 
 keras.utils.set_random_seed(7)
@@ -94,16 +100,33 @@ class Events(keras.callbacks.Callback):
                 f.write(str(time.time()))
 
 
+class Progress(keras.callbacks.Callback):
+    """Where this worker's training is: written at each batch end, before BackupAndRestore's
+    check (which raises at the batch it stops at)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        with open(f"{args.out}.progress-{worker}", "w") as f:
+            f.write(f"{self.epoch} {batch}")
+
+
 events = Events()
 model = build()
+began = time.perf_counter()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
-callbacks = [events] if args.no_backup else [BackupAndRestore(args.backup_dir, save_freq=save_freq),
-                                             events]
+backup = BackupAndRestore(args.backup_dir, save_freq=save_freq,
+                          stop_signals=None if args.no_stop_signals else ("SIGTERM", "SIGUSR1"))
+callbacks = [events] if args.no_backup else [backup, events]
+if args.progress:
+    callbacks.insert(0, Progress())
 model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
           verbose=0,
           callbacks=callbacks)
+seconds = time.perf_counter() - began
 weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 if worker == 0:
     np.save(args.out + ".npy", weights)
     with open(args.out + ".json", "w") as f:
-        json.dump({"epochs": events.epochs, "batches": events.batches}, f)
+        json.dump({"epochs": events.epochs, "batches": events.batches, "fit_s": seconds}, f)
