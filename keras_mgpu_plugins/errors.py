@@ -63,3 +63,45 @@ class UncheckedVersionError(RuntimeError):
     name kmp relies on is at none of its known places (`kmp.compat.report()` says which).
     Also `kmp.compat.UncheckedVersionError`.
     """
+#: Exit code of a job that a stop signal stopped after `kmp.callbacks.BackupAndRestore` saved
+#: its state at the step every worker agreed on (sysexits' EX_TEMPFAIL: "try again later"):
+#: run the same command again to resume. Schedulers requeue on it (docs/preemption.md).
+STOPPED_EXIT_CODE = 75
+
+
+class TrainingStopped(SystemExit):
+    """A stop signal (SIGTERM, SIGUSR1) ended training; raised on every worker.
+
+    A `SystemExit`: it leaves the script without a traceback (every `finally`
+    runs) and the process exits with `code`: `STOPPED_EXIT_CODE` (75) when
+    `kmp.callbacks.BackupAndRestore` saved the state of the step the workers
+    agreed on, else `128 + signal number` (143 for SIGTERM), as a process ended
+    by that signal reports it.
+
+    Attributes:
+        signal: Name of the signal (`"SIGTERM"`).
+        saved: Whether a backup holds the state at the step training stopped.
+        epoch: The epoch to resume (0-based), where saved, else `None`.
+        batches_done: Batches of that epoch already trained, where saved, else `None`.
+        backup_dir: Where the backup is, where saved, else `None`.
+        received: Whether this process received the signal (else it learnt it from
+            another worker, in the agreement).
+        message: What happened and what to do, as printed.
+    """
+
+    def __init__(self, message: str, *, signal: str, saved: bool, code: int,
+                 epoch: int | None = None, batches_done: int | None = None,
+                 backup_dir: str | None = None, received: bool = True) -> None:
+        super().__init__(code)
+        self.message, self.signal, self.saved = message, signal, saved
+        self.epoch, self.batches_done, self.backup_dir = epoch, batches_done, backup_dir
+        self.received = received
+
+    def __str__(self) -> str:
+        return self.message
+
+    def record(self) -> dict[str, Any]:
+        """Its attributes as plain values (what a worker reports to the launcher)."""
+        return {"message": self.message, "signal": self.signal, "saved": self.saved,
+                "code": self.code, "epoch": self.epoch, "batches_done": self.batches_done,
+                "backup_dir": self.backup_dir, "received": self.received}

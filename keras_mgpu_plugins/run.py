@@ -62,6 +62,7 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
     tasks, `kmp-launch --ps`) runs TensorFlow's server here and never returns: only the
     chief runs the script.
     """
+    from keras_mgpu_plugins import _stop_signals
     from keras_mgpu_plugins.cluster.topology import topology_from_env
 
     plan = topology_from_env(os.environ)
@@ -73,6 +74,9 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
         from keras_mgpu_plugins import backends
 
         backends.current().join_job()
+    # After the runtime's own SIGTERM notifier: a stop signal ends the worker cleanly, or
+    # (in a fit with BackupAndRestore) at the step the workers agree on, saved.
+    _stop_signals.install(_stop_signals.parse(_stop_signals.DEFAULT_SIGNALS))
     if stall_timeout is not None:
         from keras_mgpu_plugins._after_import import when_imported
 
@@ -119,11 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"Received: script={target!r}", file=sys.stderr)
             return 2
     from keras_mgpu_plugins.cluster.topology import topology
+    from keras_mgpu_plugins.errors import TrainingStopped
 
     plan = topology()
-    prepare(create_strategy=plan.is_multi_worker and not plan.is_parameter_server_cluster)
     try:
+        prepare(create_strategy=plan.is_multi_worker and not plan.is_parameter_server_cluster)
         run_program(target, rest, is_module)
+    except TrainingStopped as stopped:  # said already; the runtime could hold the interpreter
+        from keras_mgpu_plugins.launch._exit import _exit_after_failure
+
+        _exit_after_failure(int(stopped.code))
     except SystemExit:
         raise
     except BaseException as err:  # noqa: B036 - printed like Python does, then a sure exit

@@ -2,7 +2,9 @@
 
 The pure parts (which backup is whole, the write order that keeps one whole
 at every crash point) are in `io.backup_state`; saves follow the one scheme of
-`io.async_writer` (every worker snapshots, the chief writes).
+`io.async_writer` (every worker snapshots, the chief writes). What a backup holds
+beside the weights (random states, data order, the model's structure) is
+`callbacks._training_state`; the stop at a signal is `callbacks._stopping`.
 """
 
 from __future__ import annotations
@@ -11,18 +13,21 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
-import warnings
+from typing import Any
 
 import keras
 
-from keras_mgpu_plugins import compat, runtime
+from keras_mgpu_plugins import _stop_signals, compat, runtime
+from keras_mgpu_plugins.callbacks import _stopping
+from keras_mgpu_plugins.callbacks import _training_state as training
+from keras_mgpu_plugins.callbacks._backup_restoring import Restoring, copy_atomic
 from keras_mgpu_plugins.io import async_writer, atomic, snapshots
 from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     CORRUPT,
     INCOMPLETE,
     METADATA_NAME,
     WEIGHTS_NAME,
+    BackupMismatchError,
     BackupNotSharedError,
     BackupState,
     check_shared,
@@ -36,7 +41,7 @@ from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
 )
 
 
-class BackupAndRestore(keras.callbacks.BackupAndRestore):
+class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
     """Backs up the training state and restores it after an interruption; worker-safe.
 
     A drop-in for `keras.callbacks.BackupAndRestore` (same arguments, files,
@@ -56,7 +61,19 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       they saw (`Runtime.all_gather`); if one does not see the chief's backup
       (`backup_dir` not on shared storage), all of them raise
       `BackupNotSharedError` instead of training from different states;
-    - every worker then loads the same file and resumes at the same epoch.
+    - every worker then loads the same file and resumes where the backup was
+      taken: at the epoch, and mid-epoch at the batch after the last one it
+      trained (Keras restarts the epoch), with the model's random states
+      (Dropout's masks) and the data order of the uninterrupted run;
+    - a stop signal (`stop_signals`: SIGTERM, SIGUSR1, what schedulers send
+      before they preempt a job) makes every worker finish its step; the
+      workers agree on the step to stop at (a collective: one worker that got
+      it is enough), the backup is written at that step, and every worker
+      raises `keras_mgpu_plugins.errors.TrainingStopped` (a `SystemExit`:
+      exit code 75). Run the same command again to resume from that step;
+    - a backup of another model or optimizer is refused (`BackupMismatchError`)
+      before Keras would load part of it; a backup written by N workers (or
+      devices) resumes on M with the same global batches (docs/preemption.md).
 
     `backup_dir` must be a path (local, or a shared file system mounted at the
     same place on every worker), not a `gs://`-style URL.
@@ -74,10 +91,15 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             time (the next backup waits for it). A writer error is raised on
             every worker, with its cause, at the next epoch end (or backup);
             `on_train_end` waits for the last write. Defaults to `False`.
+        stop_signals: The signals that stop training with a backup of the step
+            the workers agree on: names (`"SIGTERM"`), numbers, or `None` for
+            none. Checking costs one small all-gather per batch across workers
+            (none in one process), and keeps Keras from running batch hooks off
+            the training thread. Defaults to `("SIGTERM", "SIGUSR1")`.
 
     Raises:
         ValueError: For an empty `backup_dir` or an invalid `save_freq` (as Keras),
-            or a non-boolean `async_save`.
+            a non-boolean `async_save`, or a signal that cannot be caught.
 
     Example:
         >>> backup = kmp.callbacks.BackupAndRestore(backup_dir="/shared/run1/backup")
@@ -92,14 +114,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         delete_checkpoint: bool = True,
         *,
         async_save: bool = False,
+        stop_signals: Any = _stop_signals.DEFAULT_SIGNALS,
     ) -> None:
         super().__init__(backup_dir, save_freq, double_checkpoint, delete_checkpoint)
         if not isinstance(async_save, bool):
             raise ValueError(
                 f"async_save must be True or False. Received: async_save={async_save!r}"
             )
+        signums = _stop_signals.parse(stop_signals)
         snapshots.check_keras_internals()  # every backup is a snapshot
         self.async_save = async_save
+        self.stop_signals = tuple(_stop_signals.name(n) for n in signums)
+        self._signals = _stopping.Handling(signums)
         self._saves = async_writer.ChiefWrites(type(self).__name__, async_save,
                                                lambda record: None)
         self.backup_dir = os.fspath(backup_dir)
@@ -115,9 +141,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._prev_weights_path = f"{self._weights_path}.bkp"
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
+        self._batches_done = self._skip_until = 0  # of the running epoch; skipped on resume
+        self._due_at_end = False  # a periodic backup due at an epoch's last batch
+        self._check_split = False  # resumed on another number of replicas: check the split
+        self._epoch_start: dict = {}  # random and data-order states at the epoch's start
+        self._undo_skip = lambda: None
         self._on_disk: BackupState | None = None
         # Keras dispatches callbacks off the training thread only if no batch hook acts.
-        compat.set_async_safe(self, save_freq == "epoch" or save_freq is False)
+        compat.set_async_safe(self, (save_freq == "epoch" or save_freq is False) and not signums)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.model.built:
@@ -128,26 +159,60 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             )
         runtime.of(self.model).same_settings(  # they decide when backups (collective reads) happen
             {"save_freq": self.save_freq, "double_checkpoint": bool(self.double_checkpoint),
-             "delete_checkpoint": bool(self.delete_checkpoint), "async_save": self.async_save},
+             "delete_checkpoint": bool(self.delete_checkpoint), "async_save": self.async_save,
+             "stop_signals": self.stop_signals},
             type(self).__name__,
         )
         self._saves.drain(wait=True)  # a write left by an interrupted fit
-        self._restore()
+        self._signals.begin(type(self).__name__)  # a signal from now on: a stop, saved
+        try:
+            self._restore()
+        except BaseException:
+            self._signals.end()  # this fit ends here
+            raise
+        self._stop_if_agreed(trained=False)  # a signal before the first step
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._current_epoch, self._batches_done = epoch, 0
+        # before the epoch's shuffle draws: what a backup within this epoch resumes with
+        self._epoch_start = {"numpy_rng": training.numpy_rng(),
+                             "data_order": training.data_order()}
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
-        self._last_batch_seen = 0
+        self._last_batch_seen = self._batches_done = self._skip_until = 0
+        self._epoch_start = {"numpy_rng": training.numpy_rng(),  # the next epoch's start
+                             "data_order": training.data_order()}
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
             self._saves.check(runtime.of(self.model), wait=since is not None and since < epoch)
-        if self.save_freq == "epoch":
+        saved, self._due_at_end = self.save_freq == "epoch" or self._due_at_end, False
+        if saved:
             self._backup()
+        self._stop_if_agreed(saved=saved)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._batch_due(batch):
+        self._batches_done = batch + 1
+        if batch < self._skip_until:  # a batch the backup had trained, drawn and skipped
+            self._last_batch_seen = batch
+            return
+        if self._check_split:  # the first step on another number of replicas
+            self._check_split = False
+            training.check_split(compat.loss_tracker_rows(self.model), runtime.of(self.model),
+                                 (self._on_disk.training or {}).get("world", {}), self.backup_dir)
+        due = self._batch_due(batch)
+        # An epoch's last batch: its backup and a stop wait for the epoch's end (validation,
+        # on_epoch_end), so that a resumed fit never skips every batch of an epoch.
+        if self._batches_done == self.params.get("steps"):
+            self._due_at_end = due
+            return
+        if due:
             self._backup()
+        self._stop_if_agreed(saved=due)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        self._undo_skip()
+        self._signals.end()
         if self.async_save:
             self._saves.check(runtime.of(self.model), wait=True)
         here = runtime.of(self.model)
@@ -160,77 +225,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         # also makes the next fit read what the chief left
         here.together(delete, f"{type(self).__name__}: deleting {self.backup_dir}")
 
-    # --- restoring -------------------------------------------------------------
+    # --- stopping at a signal ----------------------------------------------------
 
-    def _restore(self) -> None:
-        here = runtime.of(self.model)
-        latest, previous = here.together(
-            self._look_both, f"{type(self).__name__}: reading {self.backup_dir}"
-        )
-        if here.spans_workers:
-            check_shared(here.all_gather(encode(latest, previous)), self.backup_dir)
-        source = pick(latest, previous, self.backup_dir)
-        if latest is INCOMPLETE:
-            warnings.warn(
-                f"{type(self).__name__}: the first backup in {self.backup_dir!r} was "
-                "interrupted before it completed (its metadata exists, its weights do not); "
-                "there is no backup to restore, training starts from scratch.",
-                UserWarning, stacklevel=2,
-            )
-        cause = self._load(self._weights_path, here) if source == "latest" else None
-        if cause is not None:
-            if not isinstance(previous, BackupState):
-                raise OSError(f"Unable to load the backup {self._weights_path}: {cause}. "
-                              + way_out(self.backup_dir))
-            source = "previous"
-        if source == "previous":
-            cause = self._load(self._prev_weights_path, here)
-            if cause is not None:
-                raise OSError(f"Unable to load the backup {self._prev_weights_path}: "
-                              f"{cause}. " + way_out(self.backup_dir))
-            here.together(  # as Keras: the previous backup becomes the latest
-                self._promote_previous, f"{type(self).__name__}: restoring {self._weights_path}"
-            )
-        snapshot = {"latest": latest, "previous": previous}.get(source or "")
-        self._on_disk = snapshot if isinstance(snapshot, BackupState) else None
-        if self._on_disk is not None and self._on_disk.epoch is not None:
-            compat.set_initial_epoch(self.model, self._on_disk.epoch)
-
-    def _look_both(self) -> tuple[BackupState | str | None, BackupState | str | None]:
-        """What this worker sees of both backups; the chief first clears stale temporaries."""
-        if runtime.of(self.model).is_chief:  # left by a writer that was killed
-            atomic.remove_stale_temps(self.backup_dir)
-        return (look(self._weights_path, self._training_metadata_path),
-                look(self._prev_weights_path, self._prev_training_metadata_path))
-
-    def _promote_previous(self) -> None:
-        if not runtime.of(self.model).is_chief:
+    def _stop_if_agreed(self, saved: bool = False, trained: bool = True) -> None:
+        """Every worker stops here, the backup written, if any worker received a stop signal."""
+        if not self._signals.signums:
             return
-        if os.path.exists(self._prev_training_metadata_path):
-            _copy_atomic(self._prev_training_metadata_path, self._training_metadata_path)
-        elif os.path.exists(self._training_metadata_path):
-            os.remove(self._training_metadata_path)
-        _copy_atomic(self._prev_weights_path, self._weights_path)
-
-    def _load(self, path: str, here: runtime.Runtime) -> str | None:
-        """Loads `path` on every worker; on all of them, the first failure's cause, if any."""
-        optimizer = self.model.optimizer
-        if optimizer is not None and not optimizer.built:
-            with here.scope():
-                optimizer.build(self.model.trainable_variables)
-        scratch = None
-        try:
-            if not path.endswith(".weights.h5"):  # Keras reads weights by their suffix
-                scratch = tempfile.mkdtemp(prefix="kmp-restore-")
-                path = shutil.copyfile(path, os.path.join(scratch, "backup.weights.h5"))
-            self.model.load_weights(path)
-            error = None
-        except OSError as err:
-            error = err
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
-        return here.gather_errors(error)
+        here = runtime.of(self.model)
+        found = _stopping.agreed(here)
+        if found is None:
+            return
+        if trained and not saved:
+            self._backup()
+        if self.async_save:
+            self._saves.check(here, wait=True)
+        self._undo_skip()
+        self._signals.end()
+        error = _stopping.stopped(*found, epoch=self._current_epoch,
+                                  batches_done=self._batches_done, backup_dir=self.backup_dir,
+                                  trained=trained, received=here.worker_index in found[1])
+        _stop_signals.say(error.message)
+        raise error
 
     # --- backing up ------------------------------------------------------------
 
@@ -249,7 +264,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         here = runtime.of(self.model)
         if self.async_save:  # at most one write in flight; its error first, everywhere
             self._saves.check(here, wait=True)
-        state = BackupState(self._current_epoch, self._last_batch_seen, "")
+        extras = {**self._epoch_start, "seed_generators": training.seed_generators(self.model),
+                  "structure": training.structure(self.model),
+                  "world": training.world(here.replicas_in_sync, here.num_workers,
+                                          self.params.get("steps"))}
+        state = BackupState(self._current_epoch, max(self._batches_done - 1, 0), "",
+                            self._batches_done, extras)
         self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),
                          {"path": self._weights_path}, f"writing {self._weights_path}",
                          here, self._current_epoch)
@@ -258,8 +278,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         """The chief's backup, in the order `io.backup_state` explains (training or writer thread)."""
         if self.double_checkpoint and os.path.exists(self._weights_path):
             if os.path.exists(self._training_metadata_path):
-                _copy_atomic(self._training_metadata_path, self._prev_training_metadata_path)
-            _copy_atomic(self._weights_path, self._prev_weights_path)
+                copy_atomic(self._training_metadata_path, self._prev_training_metadata_path)
+            copy_atomic(self._weights_path, self._prev_weights_path)
 
         def write(staged: str) -> None:  # the metadata goes first
             nonlocal state
@@ -270,7 +290,3 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
         atomic.atomic_write(self._weights_path, write, suffix=".weights.h5")
         self._on_disk = state  # writes never overlap: the next one reads this
-
-
-def _copy_atomic(source: str, target: str) -> None:
-    atomic.atomic_write(target, lambda staged: shutil.copyfile(source, staged))

@@ -34,6 +34,11 @@ class BackupNotSharedError(RuntimeError):
     """Workers see different backups: `backup_dir` is not on shared storage."""
 
 
+class BackupMismatchError(ValueError):
+    """The backup cannot resume this `fit`: written by another model or optimizer, for
+    other data, or by a number of workers this one cannot continue from."""
+
+
 @dataclasses.dataclass(frozen=True)
 class BackupState:
     """A restorable training state: a weights file and where training stood.
@@ -41,13 +46,21 @@ class BackupState:
     Attributes:
         epoch: First epoch to run after restoring, or `None` for a weights file
             without metadata (Keras then loads the weights and keeps the epoch).
-        batch: Last batch seen in that epoch when saved mid-epoch, else 0.
+        batch: Last batch seen in that epoch when saved mid-epoch, else 0 (Keras's field).
         digest: SHA-256 (hex) of the weights file.
+        batches_done: Batches of `epoch` already trained (a mid-epoch backup: the
+            resumed `fit` skips them); 0 for an epoch's end, and for a backup
+            Keras wrote (Keras restarts the epoch).
+        training: What resumes training as it would have gone on beside the
+            weights (`callbacks._training_state`: random states, data order, the
+            model's structure, the job's size), or `None` (Keras's backups).
     """
 
     epoch: int | None
     batch: int
     digest: str
+    batches_done: int = 0
+    training: dict | None = dataclasses.field(default=None, compare=False)
 
 
 def resolve(metadata: Any, digest: str | None) -> BackupState | str | None:
@@ -79,7 +92,10 @@ def resolve(metadata: Any, digest: str | None) -> BackupState | str | None:
             continue
         if record.get("weights_sha256", digest) == digest:  # no digest: written by Keras
             try:
-                return BackupState(int(record["epoch"]), int(record.get("batch", 0)), digest)
+                training = record.get("training")
+                return BackupState(int(record["epoch"]), int(record.get("batch", 0)), digest,
+                                   int(record.get("batches_done", 0)),
+                                   training if isinstance(training, dict) else None)
             except (KeyError, TypeError, ValueError):
                 return CORRUPT
     return CORRUPT
@@ -156,9 +172,14 @@ def _describe(row: np.ndarray) -> str:
 
 
 def record(snapshot: BackupState | None) -> dict | None:
+    """The metadata of a backup (Keras's `epoch` and `batch`, and kmp's fields)."""
     if snapshot is None or snapshot.epoch is None:
         return None
-    return {"epoch": snapshot.epoch, "batch": snapshot.batch, "weights_sha256": snapshot.digest}
+    fields = {"epoch": snapshot.epoch, "batch": snapshot.batch, "weights_sha256": snapshot.digest,
+              "batches_done": snapshot.batches_done}
+    if snapshot.training is not None:
+        fields["training"] = snapshot.training
+    return fields
 
 
 def look(weights_path: str, metadata_path: str) -> BackupState | str | None:

@@ -29,8 +29,10 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from keras_mgpu_plugins.launch import _restarts
 from keras_mgpu_plugins.launch._common import (  # noqa: F401 - re-exported
     DEFAULT_STALL_TIMEOUT,
+    DEFAULT_STOP_GRACE_S,
     STALL_TIMEOUT_ENV,
     WORKER_ENV_VARS,
     _check_common,
@@ -40,6 +42,7 @@ from keras_mgpu_plugins.launch._common import (  # noqa: F401 - re-exported
     resolve_stall_timeout,
 )
 from keras_mgpu_plugins.launch._errors import (
+    JobStoppedError,
     LaunchError,
     LaunchTimeoutError,
     NotPicklableError,
@@ -54,7 +57,8 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
            num_ps: int = 0,
            create_strategy: bool = True, env: Mapping[str, str | None] | None = None,
            output: str = "chief", log_dir: str | None = None,
-           stall_timeout: float | str | None = "auto") -> list[Any]:
+           stall_timeout: float | str | None = "auto",
+           stop_grace: float = DEFAULT_STOP_GRACE_S, max_restarts: int = 0) -> list[Any]:
     """Runs `fn(*args, **kwargs)` in `num_workers` fresh local worker processes.
 
     Each worker gets `TF_CONFIG` for a localhost cluster of `num_workers`
@@ -113,6 +117,15 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
             `StallWatchdog` in each `fit` fails the job; `None` for no watchdog;
             `"auto"`: `KMP_STALL_TIMEOUT` where set (`0`: none), else
             `DEFAULT_STALL_TIMEOUT` (600 s, far above a first step's compilation).
+        stop_grace: Seconds the workers get to stop after a stop signal (SIGTERM or
+            SIGUSR1 sent to this process, forwarded to every worker, or sent to a
+            worker): in a `fit` with `kmp.callbacks.BackupAndRestore` they save the
+            step they agree on, then stop (docs/preemption.md).
+        max_restarts: Run the job again, up to this many times, when a worker was
+            stopped by a signal (not this process) or killed (SIGKILL, out of memory):
+            `fn` resumes from what `kmp.callbacks.BackupAndRestore` saved. Each restart
+            is named on stderr with its cause; the workers see `KMP_RESTART` (0, 1, ...).
+            A worker that raised is never restarted.
 
     Returns:
         What `fn` returned in each worker, in worker order; with parameter servers,
@@ -127,6 +140,8 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         WorkerFailedError: If a worker fails; the others are stopped.
         LaunchTimeoutError: If the run outlasts `timeout`, naming the workers
             still running, where each was, and their stacks.
+        JobStoppedError: If a stop signal stopped the job: where the state was saved
+            (call again to resume), or that nothing was.
 
     Example:
         >>> import keras_mgpu_plugins as kmp
@@ -142,13 +157,23 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         raise TypeError(f"kwargs must be a dict or None. Received: kwargs={kwargs!r}")
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
+    _check_stop_grace(stop_grace)
+    _restarts.check(max_restarts)
     environ = _worker_environ(env)
     _check_num_ps(num_ps, environ)
     watchdog = resolve_stall_timeout(stall_timeout, environ)  # KMP_STALL_TIMEOUT: env's too
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
     spec = {"mode": "function", "sys_path": list(sys.path), "num_ps": num_ps,
             "create_strategy": bool(create_strategy), "stall_timeout": watchdog}
-    return _run(spec, num_workers, timeout, environ, payload, output, log_dir)
+    return _run(spec, num_workers, timeout, environ, payload, output, log_dir, stop_grace,
+                max_restarts)
+
+
+def _check_stop_grace(stop_grace: Any) -> None:
+    if (isinstance(stop_grace, bool) or not isinstance(stop_grace, (int, float))
+            or not stop_grace > 0 or stop_grace == float("inf")):
+        raise ValueError("stop_grace must be a positive number of seconds. "
+                         f"Received: stop_grace={stop_grace!r}")
 
 
 def _check_output(output: Any, log_dir: Any) -> None:
@@ -162,7 +187,8 @@ def _check_output(output: Any, log_dir: Any) -> None:
 # `kmp.launch` may be this function or, once this module was imported by name,
 # the module itself (the import system sets it on the package). Either way
 # `kmp.launch(fn)` runs and `kmp.launch.WorkerFailedError` names the exception.
-for _error in (LaunchError, NotPicklableError, WorkerFailedError, LaunchTimeoutError):
+for _error in (LaunchError, NotPicklableError, WorkerFailedError, LaunchTimeoutError,
+               JobStoppedError):
     setattr(launch, _error.__name__, _error)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from keras_mgpu_plugins.launch._common import (
     DEFAULT_STALL_TIMEOUT,
+    DEFAULT_STOP_GRACE_S,
     STALL_TIMEOUT_ENV,
     _check_common,
     _check_num_ps,
@@ -23,7 +24,12 @@ from keras_mgpu_plugins.launch._common import (
     _worker_environ,
     resolve_stall_timeout,
 )
-from keras_mgpu_plugins.launch._errors import LaunchError, LaunchTimeoutError, WorkerFailedError
+from keras_mgpu_plugins.launch._errors import (
+    JobStoppedError,
+    LaunchError,
+    LaunchTimeoutError,
+    WorkerFailedError,
+)
 
 _CLI_DESCRIPTION = """\
 Run a Python script (or module) in N local worker processes, as a TensorFlow
@@ -62,6 +68,24 @@ they started) are stopped within seconds. The exit code is 0 when every worker
 succeeds, else the first failing worker's exit code (128+N if it was killed by
 signal N), 124 when --timeout expires, and 130 on Ctrl-C.
 
+Stop signals: SIGTERM or SIGUSR1 sent to kmp-launch (a scheduler's preemption
+notice, a Kubernetes eviction) is forwarded to every worker. In a model.fit with
+kmp.callbacks.BackupAndRestore, the workers finish their step, agree on the
+step to stop at, the backup is written at that step, and kmp-launch exits with
+code 75: run the same command again to resume from that step. Without
+BackupAndRestore each worker says that nothing was saved and the exit code is
+128+N (143 for SIGTERM). The workers get --stop-grace SECONDS (default 120) to
+stop; the same signal again stops them at once. Whatever the ending (success,
+a failed worker, --timeout, Ctrl-C, a stop signal), the job's private folder
+(kmp-launch-* in the temporary folder: spec, job folder) is removed; the log
+files stay.
+
+--max-restarts N runs the job again, up to N times, when a worker was stopped
+by a signal (SIGTERM, SIGUSR1 sent to it, not to kmp-launch) or killed (SIGKILL,
+the out-of-memory killer): the script resumes from its BackupAndRestore backup.
+Each restart is named with its cause; the workers see KMP_RESTART=k. A worker
+that raised is not restarted (a rerun would raise again).
+
 No hang is silent: every model.fit in every worker runs with
 kmp.callbacks.StallWatchdog(timeout=SECONDS) (a fit that has its own keeps it):
 when no worker makes progress for that long, each prints its Python stacks and
@@ -78,10 +102,12 @@ examples:
   kmp-launch -n 4 --timeout 600 -m mypackage.train --epochs 3
   kmp-launch -n 2 --stall-timeout 1800 train.py    # a first step that compiles for long
   kmp-launch -n 2 --stall-timeout 0 train.py       # no StallWatchdog
+  kmp-launch -n 2 --max-restarts 3 train.py        # rerun after a stop or a lost worker
   kmp-launch -n 2 --all-output --log-dir logs train.py
   python -m keras_mgpu_plugins.launch -n 2 --no-strategy script.py a b"""
 
-_VALUE_OPTIONS = ("-n", "--num-workers", "--ps", "--timeout", "--stall-timeout", "--log-dir")
+_VALUE_OPTIONS = ("-n", "--num-workers", "--ps", "--timeout", "--stall-timeout", "--log-dir",
+                  "--stop-grace", "--max-restarts")
 
 
 def _positive(kind: type, flag: str, zero: str = "") -> Callable[[str], Any]:
@@ -105,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
         usage="kmp-launch [-n N] [--ps P] [--timeout SECONDS] [--stall-timeout SECONDS] "
-              "[--no-strategy] [--all-output] [--log-dir DIR] "
+              "[--stop-grace SECONDS] [--max-restarts N] [--no-strategy] [--all-output] "
+              "[--log-dir DIR] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -125,6 +152,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="the timeout of the kmp.callbacks.StallWatchdog added to every "
                              f"model.fit in every worker (default: ${STALL_TIMEOUT_ENV} where "
                              f"set, else {DEFAULT_STALL_TIMEOUT:g}); 0: no watchdog")
+    parser.add_argument("--stop-grace", type=_positive(float, "--stop-grace"),
+                        default=DEFAULT_STOP_GRACE_S, metavar="SECONDS",
+                        help="after a stop signal (SIGTERM, SIGUSR1), how long the workers get "
+                             "to save at the agreed step and exit before they are stopped "
+                             f"(default: {DEFAULT_STOP_GRACE_S:g})")
+    parser.add_argument("--max-restarts", type=_positive(int, "--max-restarts", zero="none"),
+                        default=0, metavar="N",
+                        help="run the job again, up to N times, when a worker was stopped by a "
+                             "signal or killed: the script resumes from its BackupAndRestore "
+                             "backup (default: 0)")
     parser.add_argument("--no-strategy", action="store_true",
                         help="do not create the multi-worker strategy before the script starts")
     parser.add_argument("--all-output", action="store_true",
@@ -195,7 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_common(options.num_workers, options.timeout)
         _run(spec, options.num_workers, options.timeout, environ,
-             output="all" if options.all_output else "chief", log_dir=options.log_dir)
+             output="all" if options.all_output else "chief", log_dir=options.log_dir,
+             stop_grace=options.stop_grace, max_restarts=options.max_restarts)
+    except JobStoppedError as err:
+        print(f"kmp-launch: {err}", file=sys.stderr)
+        return err.exit_code
     except WorkerFailedError as err:
         print(f"kmp-launch: {err.summary}", file=sys.stderr)
         if not err.output_shown and err.output_tail:  # its traceback went to its log only: the cause, here

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 import os
 import sys
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from keras_mgpu_plugins.launch._errors import LaunchError
+from keras_mgpu_plugins.launch._signals import DEFAULT_STOP_GRACE_S
 
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
-                   "KMP_JOB_DIR")
+                   "KMP_JOB_DIR", "KMP_RESTART")
 
 #: Seconds without progress on every worker after which the launcher's `StallWatchdog`
 #: fails the job, unless told otherwise. The examples' first steps (compilation included)
@@ -23,14 +25,28 @@ DEFAULT_STALL_TIMEOUT = 600.0
 STALL_TIMEOUT_ENV = "KMP_STALL_TIMEOUT"
 
 
+
+
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
          payload: bytes | None = None, output: str = "chief",
-         log_dir: str | None = None) -> list[Any]:
+         log_dir: str | None = None, stop_grace: float = DEFAULT_STOP_GRACE_S,
+         max_restarts: int = 0) -> list[Any]:
+    """Runs the job, and again after a stop or a lost worker, up to `max_restarts` times
+    (`launch._restarts`): one job id for every run."""
     # Imported here: a worker, started as `-m keras_mgpu_plugins.launch._worker`, imports
     # this package first, and must not have imported its own module already.
+    from keras_mgpu_plugins.launch import _restarts
     from keras_mgpu_plugins.launch._supervisor import run
 
-    return run(spec, num_workers, timeout, environ, payload, output, log_dir)
+    if max_restarts:
+        environ = {**environ, "KMP_JOB_ID": environ.get("KMP_JOB_ID") or uuid.uuid4().hex[:12]}
+
+    def once(attempt: int) -> list[Any]:
+        return run(spec, num_workers, timeout, {**environ, _restarts.RESTART_ENV: str(attempt)},
+                   payload, output, log_dir, stop_grace)
+
+    program = "kmp.launch" if payload is not None else "kmp-launch"
+    return _restarts.run(once, max_restarts, program)
 
 
 def _check_common(num_workers: Any, timeout: Any) -> None:

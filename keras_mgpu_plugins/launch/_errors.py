@@ -80,8 +80,39 @@ class LaunchTimeoutError(LaunchError, TimeoutError):
         self.stacks = dict(stacks or {})
 
 
+class JobStoppedError(LaunchError):
+    """A stop signal (SIGTERM, SIGUSR1) stopped the job; every worker was stopped.
+
+    With `kmp.callbacks.BackupAndRestore` in the running `fit`, every worker stopped at
+    the step they agreed on once the backup held it: the same call (or command) again
+    resumes there. The message says which, where, and what to do.
+
+    Attributes:
+        signal: Name of the signal (`"SIGTERM"`).
+        saved: Whether every worker stopped with the backup of that step written.
+        exit_code: What `kmp-launch` exits with: 75 (`errors.STOPPED_EXIT_CODE`) when
+            saved, else `128 + signal number`.
+        epoch: The epoch to resume (0-based), where saved.
+        batches_done: Batches of it already trained, where saved.
+        backup_dir: The backup's folder, where saved.
+        forwarded: Whether the launcher received the signal and forwarded it.
+        records: Each stopped worker's report (`errors.TrainingStopped.record()`).
+    """
+
+    def __init__(self, message: str, *, signal: str, saved: bool, exit_code: int,
+                 epoch: int | None = None, batches_done: int | None = None,
+                 backup_dir: str | None = None, forwarded: bool = False,
+                 records: Mapping[int, Mapping] | None = None) -> None:
+        super().__init__(message)
+        self.signal, self.saved, self.exit_code = signal, saved, exit_code
+        self.epoch, self.batches_done, self.backup_dir = epoch, batches_done, backup_dir
+        self.forwarded = forwarded
+        self.records = {i: dict(r) for i, r in (records or {}).items()}
+
+
 # Tracebacks and pickles name them by their public module.
-for _error in (LaunchError, NotPicklableError, WorkerFailedError, LaunchTimeoutError):
+for _error in (LaunchError, NotPicklableError, WorkerFailedError, LaunchTimeoutError,
+               JobStoppedError):
     _error.__module__ = "keras_mgpu_plugins.launch"
 
 
@@ -102,3 +133,8 @@ def describe_exit(code: int | None) -> str:
     """`"signal SIGKILL (exit code -9)"` or `"exit code 3"`."""
     name = signal_name(code)
     return f"signal {name} (exit code {code})" if name else f"exit code {code}"
+
+
+def named(indices: list[int]) -> str:
+    """`"worker 1"`, `"workers 0, 1"`."""
+    return f"worker{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"

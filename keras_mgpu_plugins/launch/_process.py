@@ -78,7 +78,7 @@ class _Worker:
                  job_dir: str, log_path: str, shown: bool = True, label: str | None = None,
                  serves: bool = False) -> None:
         self.index, self.proc = index, proc
-        self.log_path, self.shown = log_path, shown
+        self.log_path, self.shown, self.job_dir = log_path, shown, job_dir
         #: How it is named in messages and before its lines: "worker 1", "chief", "ps 0".
         self.label = label or f"worker {index}"
         #: A worker or parameter server of a parameter-server cluster: it runs TensorFlow's
@@ -87,6 +87,7 @@ class _Worker:
         self.stall_path = os.path.join(job_dir, "stall_watchdog", "stall.txt")
         self.result_path = _worker.outcome_path(spec_path, index, "result")
         self.error_path = _worker.outcome_path(spec_path, index, "error")
+        self.stopped_path = _worker.outcome_path(spec_path, index, "stopped")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
@@ -106,7 +107,9 @@ class _Worker:
         return self.exited_at is not None
 
     def failed(self, expects_result: bool) -> bool:
-        """Failed on its own (not merely stopped by the launcher)."""
+        """Failed on its own (not merely stopped by the launcher, nor by a stop signal)."""
+        if self.stopped():
+            return False
         if os.path.exists(self.error_path):
             return True
         if self.exited_at is None:
@@ -114,6 +117,18 @@ class _Worker:
         if self.serves:
             return True
         return not os.path.exists(self.result_path) if expects_result else self.proc.returncode != 0
+
+    def stopped(self) -> bool:
+        """Ended by a stop signal (`errors.TrainingStopped`): it said so before exiting."""
+        return os.path.exists(self.stopped_path)
+
+    def stopped_record(self) -> dict[str, Any]:
+        """What it said: `errors.TrainingStopped.record()` (empty if unreadable)."""
+        try:
+            with open(self.stopped_path, "rb") as f:
+                return dict(pickle.load(f))
+        except (OSError, pickle.UnpicklingError, EOFError, TypeError, ValueError):
+            return {}
 
     def error_record(self) -> tuple[str | None, BaseException | None, float | None, str | None]:
         """The worker's report: exception type name, exception, wall time, traceback text."""

@@ -23,18 +23,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import warnings
 from typing import Any
 
-from keras_mgpu_plugins.launch import _stacks, _tasks
+from keras_mgpu_plugins import _stop_signals
+from keras_mgpu_plugins.launch import _signals, _stacks, _tasks
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
     WorkerFailedError,
     describe_exit,
+    named,
 )
 from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
 from keras_mgpu_plugins.launch._tuning import MIN_PARAMETER_SERVER_INTEROP, worker_tuning
@@ -47,8 +48,12 @@ _STACKS_S = 10.0  # for the workers still running at the timeout to print their 
 
 def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
         payload: bytes | None = None, output: str = "chief",
-        log_dir: str | None = None) -> list[Any]:
+        log_dir: str | None = None, stop_grace: float = _signals.DEFAULT_STOP_GRACE_S) -> list[Any]:
     """Starts the workers, supervises them, stops them all; returns `fn`'s values.
+
+    Whatever the ending (success, a failed worker, the timeout, Ctrl-C, a stop
+    signal), every worker is stopped and the job's private folder (spec,
+    payload, job folder) is removed before this returns or raises.
 
     Args:
         spec: The launch spec the workers read (`_worker.main`), completed here.
@@ -58,53 +63,34 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
         output: `"chief"` (only worker 0's output is relayed here) or `"all"`.
         log_dir: Folder of the workers' log files (default: `output_paths`).
+        stop_grace: Seconds the workers get after a stop signal (`launch._signals`).
 
     Returns:
         Each worker's value (`None` each for a program), in worker order.
+
+    Raises:
+        JobStoppedError: When a stop signal stopped the job (see `launch._signals`).
     """
-    tmpdir = tempfile.mkdtemp(prefix="kmp-launch-")  # mode 0700: private to this user
     workers: list[_Worker] = []
-    with _deferred_interrupt() as interrupted:
+    with _signals.caught() as caught:
+        tmpdir = None
         try:
+            tmpdir = tempfile.mkdtemp(prefix="kmp-launch-")  # mode 0700: private to this user
             results = _run(spec, num_workers, timeout, environ, payload, tmpdir, workers,
-                           interrupted, output, log_dir)
+                           caught, output, log_dir, stop_grace)
         finally:
             _stop(workers)
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        if interrupted is not None and interrupted.is_set():  # Ctrl-C after the workers ended
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        if caught is not None and caught.interrupted.is_set():  # Ctrl-C after the workers ended
             raise KeyboardInterrupt
         return results
 
 
-@contextlib.contextmanager
-def _deferred_interrupt() -> Any:
-    """While workers run, Ctrl-C sets an event that the supervisor acts on at a safe point.
-
-    A `KeyboardInterrupt` raised anywhere would be unsafe: raised inside
-    `Popen.poll()` after it took its internal lock (CPython takes it before its
-    `try`), it leaves that lock held, and stopping the workers then waits on it
-    forever. Only Python's default SIGINT handler, in the main thread, is
-    replaced; a handler of the caller's own is left alone.
-
-    Yields:
-        The event (set on Ctrl-C), or `None` where SIGINT is not handled here.
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield None
-        return
-    event = threading.Event()
-    signal.signal(signal.SIGINT, lambda signum, frame: event.set())
-    try:
-        yield event
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, str],
          payload: bytes | None, tmpdir: str, workers: list[_Worker],
-         interrupted: threading.Event | None, output: str = "chief",
-         log_dir: str | None = None) -> list[Any]:
+         caught: _signals.Caught | None, output: str = "chief",
+         log_dir: str | None = None, stop_grace: float = _signals.DEFAULT_STOP_GRACE_S) -> list[Any]:
     """The body of `run`: write the spec, start the workers, supervise them."""
     spec_path = os.path.join(tmpdir, "spec.pkl")
     if payload is not None:
@@ -149,12 +135,17 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     workers.extend(start(index) for index in range(len(tasks)))
     restarts = _tasks.Restarts(tasks, start) if spec.get("num_ps") else None
     try:
-        _supervise(workers, timeout, payload is not None, interrupted, job_dir, restarts)
+        forwarded = _supervise(workers, timeout, payload is not None, caught, job_dir,
+                               stop_grace, restarts)
     finally:
         if restarts is not None:
             _stop(restarts.lost)
     _stop(workers)
     _raise_first_failure(workers, payload is not None)
+    stopped = _signals.stopped_error(workers, forwarded,
+                                     "kmp.launch" if payload is not None else "kmp-launch")
+    if stopped is not None:
+        raise stopped
     users = [w for w in workers if not w.serves]  # the chief alone under parameter servers
     return [w.result() for w in users] if payload is not None else [None] * len(users)
 
@@ -176,22 +167,42 @@ def free_ports(n: int) -> list[int]:
 
 
 def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bool,
-               interrupted: threading.Event | None = None, job_dir: str | None = None,
-               restarts: _tasks.Restarts | None = None) -> None:
-    """Waits until every worker is done, one fails, the timeout expires, or Ctrl-C.
+               caught: _signals.Caught | None = None, job_dir: str | None = None,
+               stop_grace: float = _signals.DEFAULT_STOP_GRACE_S,
+               restarts: _tasks.Restarts | None = None) -> int | None:
+    """Waits until every worker is done, one fails, the timeout expires, Ctrl-C, or a stop.
+
+    A stop signal the launcher receives is forwarded to every worker (`launch._signals`);
+    a worker that stops (after its own signal too) gives the others `stop_grace` seconds
+    to stop at the same step.
+
+    Returns:
+        The stop signal forwarded to the workers, if any.
 
     Under parameter servers the job is done when the chief is (the servers are then
     stopped), and a worker that exits is started again (`restarts`).
 
     Raises:
-        KeyboardInterrupt: When `interrupted` is set (the caller stops the workers).
+        KeyboardInterrupt: On Ctrl-C (the caller stops the workers).
         LaunchTimeoutError: When the timeout expires (the workers still running are
             asked for their stacks through `job_dir`, then every worker is stopped).
+        JobStoppedError: On a second stop signal, or when workers did not stop within
+            `stop_grace` (every worker is stopped first).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    forwarded: int | None = None
+    stop_end: float | None = None
     while True:
-        if interrupted is not None and interrupted.is_set():
+        if caught is not None and caught.interrupted.is_set():
             raise KeyboardInterrupt
+        signum = caught.take_stop() if caught is not None else None
+        if signum is not None and forwarded is None:
+            forwarded, stop_end = signum, time.monotonic() + stop_grace
+            _signals.forward(workers, signum, stop_grace,
+                             "kmp.launch" if expects_result else "kmp-launch")
+        elif signum is not None:  # a second one: stop now
+            _stop(workers)
+            raise _signals.again_error(signum, forwarded)
         done = [w.check_exit() for w in workers]
         if restarts is not None:
             restarts.replace(workers)
@@ -203,9 +214,19 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(max(0.0, grace_end - time.monotonic()))
                 w.check_exit()
-            return
+            return forwarded
         if all(d for w, d in zip(workers, done, strict=True) if not w.serves):
-            return
+            return forwarded
+        stopped = [w for w in workers if w.stopped()]
+        if stop_end is None and stopped:  # stopped by its own signal: the others follow
+            saving = any(w.stopped_record().get("saved") for w in stopped)
+            stop_end = time.monotonic() + (stop_grace if saving else _GRACE_S)
+        if stop_end is not None and time.monotonic() >= stop_end:
+            if forwarded is None and not any(w.stopped_record().get("saved") for w in stopped):
+                return forwarded  # nothing saved anywhere: stop the rest (`stopped_error` says)
+            _stop(workers)
+            raise _signals.late_error([w.index for w, d in zip(workers, done, strict=True)
+                                       if not d and not w.serves], forwarded, stop_grace)
         if deadline is not None and time.monotonic() >= deadline:
             _time_out(workers, [w.index for w, d in zip(workers, done, strict=True)
                                 if not d and not w.serves], timeout, job_dir)
@@ -239,14 +260,22 @@ def _named(indices: list[int], labels: dict[int, str] | None = None) -> str:
     """`"worker 1"`, `"workers 0, 1"`; `"chief"` under parameter servers (`labels`)."""
     if labels and any(labels[i] != f"worker {i}" for i in indices):
         return ", ".join(labels[i] for i in indices)
-    return f"worker{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+    return named(indices)
 
 
 def _stop(workers: list[_Worker]) -> None:
-    """SIGTERM, then after a grace period SIGKILL, every worker's process tree."""
+    """SIGTERM, then after a grace period SIGKILL, every worker's process tree.
+
+    First `_stop_signals.HARD_STOP` in the job folder: this SIGTERM is no stop request,
+    a worker ends as its default action would, nothing saved.
+    """
     for w in workers:
         w.check_exit()  # an exit seen now is the worker's own, not the launcher's doing
     live = [w for w in workers if w.group_alive()]
+    if live:
+        with contextlib.suppress(OSError):
+            with open(os.path.join(live[0].job_dir, _stop_signals.HARD_STOP), "w"):
+                pass
     for w in live:
         w.kill_tree(signal.SIGTERM)
     deadline = time.monotonic() + _GRACE_S

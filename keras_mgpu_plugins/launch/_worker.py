@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from keras_mgpu_plugins import _stop_signals
+from keras_mgpu_plugins.errors import TrainingStopped
 from keras_mgpu_plugins.io import atomic  # the package's one atomic writer (no backend)
 from keras_mgpu_plugins.launch import _stacks
 from keras_mgpu_plugins.launch._exit import _exit_after_failure, _user_traceback
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     spec_path, index = argv[0], int(argv[1])
+    # A stop signal from now on ends this worker cleanly (`_stop_signals`); set again once
+    # the backend's runtime started (it installs a SIGTERM notifier of its own).
+    _stop_signals.install(_stop_signals.parse(_stop_signals.DEFAULT_SIGNALS))
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
     _watch_parent(spec["parent_pid"], os.environ.get("KMP_JOB_DIR"), index)
@@ -69,10 +74,15 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(line_buffering=True)
     _restore_env("PYTHONPATH", spec["pythonpath"])
     errors = outcome_path(spec_path, index, "error")
-    if spec["mode"] == "function":
-        sys.path[:] = spec["sys_path"]
-        return _run_function(spec, outcome_path(spec_path, index, "result"), errors)
-    return _run_program(spec, errors)
+    try:
+        if spec["mode"] == "function":
+            sys.path[:] = spec["sys_path"]
+            return _run_function(spec, outcome_path(spec_path, index, "result"), errors)
+        return _run_program(spec, errors)
+    except TrainingStopped as stopped:  # a stop signal (`_stop_signals`), wherever it came
+        atomic.write_bytes_atomic(outcome_path(spec_path, index, "stopped"),
+                                  pickle.dumps(stopped.record()))
+        return int(stopped.code)
 
 
 def _run_function(spec: dict, out: str, errors: str) -> int:
@@ -86,6 +96,8 @@ def _run_function(spec: dict, out: str, errors: str) -> int:
             fn, args, kwargs = _source.loads(f.read())  # the source into linecache first
         stage = "run"
         value = fn(*args, **kwargs)
+    except TrainingStopped:
+        raise  # reported by `main`
     except SystemExit as exit_:
         _write_error(errors, exit_, f"fn called sys.exit({exit_.code!r}) instead of returning.")
         return _exit_code(exit_)

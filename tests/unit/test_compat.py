@@ -220,6 +220,27 @@ def test_use_tf_sharded_variable():
     assert sharded.is_sharded(table) and not sharded.is_sharded(shards[0])
     assert table.variables == shards and tuple(table.shape) == (3, 3)
     assert sharded.check_sharded_variable() == []
+@pytest.mark.slow  # a real fit
+def test_use_train_function(capsys):
+    """The resumed fit draws the skipped batches in order and trains the rest, as Keras would."""
+    model, x, y = tiny_model(rows=12)
+    seen = []
+
+    class Rows(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.undo = compat.skip_train_steps(self.model, 2)
+
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append((batch, float(self.model.optimizer.iterations.numpy())))
+
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Rows()])
+    assert seen == [(0, 0.0), (1, 0.0), (2, 1.0), (0, 2.0), (1, 3.0), (2, 4.0)]
+    reference, _, _ = tiny_model(rows=12)
+    reference.fit(x[8:], y[8:], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+    assert "train_function" not in vars(model) or model.train_function is not None
 
 
 def test_use_print_msg(capsys, monkeypatch):
@@ -251,7 +272,9 @@ def test_use_async_safe(monkeypatch):
     assert keras.callbacks.CallbackList([hook])._async_train is False
     compat.set_async_safe(hook, True)
     assert keras.callbacks.CallbackList([hook])._async_train is True
-    assert BackupAndRestore("b").async_safe is True and BackupAndRestore("b", 3).async_safe is False
+    assert BackupAndRestore("b", stop_signals=None).async_safe is True
+    assert BackupAndRestore("b", 3, stop_signals=None).async_safe is False
+    assert BackupAndRestore("b").async_safe is False  # stop signals: agreed at each batch end
 
 
 @pytest.mark.slow  # a real fit

@@ -166,29 +166,46 @@ def test_ctrl_c_while_workers_run_sets_an_event_instead_of_raising_anywhere():
     import os
     import signal
 
-    from keras_mgpu_plugins.launch import _supervisor
+    from keras_mgpu_plugins.launch import _signals, _supervisor
 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with _supervisor._deferred_interrupt() as interrupted:
+    with _signals.caught() as caught:
         os.kill(os.getpid(), signal.SIGINT)  # delivered at once, to this (the main) thread
-        assert interrupted.wait(5)  # noticed, nothing raised
+        assert caught.interrupted.wait(5)  # noticed, nothing raised
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):  # the supervisor raises it at its safe point
-        _supervisor._supervise([], None, True, interrupted)
+        _supervisor._supervise([], None, True, caught)
+
+
+def test_stop_signals_while_workers_run_are_recorded_in_order_and_handlers_restored():
+    import os
+    import signal
+
+    from keras_mgpu_plugins.launch import _signals
+
+    with _signals.caught() as caught:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert (caught.take_stop(), caught.take_stop(), caught.take_stop()) == (
+            signal.SIGTERM, signal.SIGUSR1, None)
+        assert not caught.interrupted.is_set()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
 def test_a_sigint_handler_of_the_callers_own_is_left_alone():
     import signal
 
-    from keras_mgpu_plugins.launch import _supervisor
+    from keras_mgpu_plugins.launch import _signals
 
     def mine(signum, frame):
         pass
 
     previous = signal.signal(signal.SIGINT, mine)
     try:
-        with _supervisor._deferred_interrupt() as interrupted:
-            assert interrupted is None and signal.getsignal(signal.SIGINT) is mine
+        with _signals.caught() as caught:
+            assert signal.getsignal(signal.SIGINT) is mine
+            assert signal.getsignal(signal.SIGTERM) == caught._record  # the default was replaced
         assert signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, previous)

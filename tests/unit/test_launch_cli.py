@@ -87,19 +87,24 @@ def test_the_cli_exit_code_follows_the_first_failure(monkeypatch, tmp_path, caps
                                         num_workers=2, exitcode=-9),
         launch_module.LaunchTimeoutError("timed out", timeout=1.0, running_workers=[0]),
         KeyboardInterrupt(),
+        launch_module.JobStoppedError("stopped, saved", signal="SIGTERM", saved=True,
+                                      exit_code=75),
+        launch_module.JobStoppedError("stopped, nothing saved", signal="SIGUSR1", saved=False,
+                                      exit_code=138),
         None,
     ])
     seen = []
 
-    def fake_run(spec, num_workers, timeout, environ, output="chief", log_dir=None):
+    def fake_run(spec, num_workers, timeout, environ, output="chief", log_dir=None,
+                 stop_grace=None, max_restarts=0):
         seen.append((spec, num_workers, timeout))
         outcome = next(outcomes)
         if outcome is not None:
             raise outcome
 
     monkeypatch.setattr(cli_module, "_run", fake_run)
-    codes = [main(["-n", "3", "--timeout", "9", str(script), "a"]) for _ in range(4)]
-    assert codes == [5, 128 + 9, 124, 130]
+    codes = [main(["-n", "3", "--timeout", "9", str(script), "a"]) for _ in range(6)]
+    assert codes == [5, 128 + 9, 124, 130, 75, 138]
     assert main(["--no-strategy", "--stall-timeout", "30", "-m", "pkg.mod", "b"]) == 0
     assert "kmp-launch: worker 1 of 2 exited with code 5." in capsys.readouterr().err
     assert seen[0] == (

@@ -165,6 +165,7 @@ def global_batches(arrays: tuple, batch: int, mode: Any, distribution: Any) -> A
     processes share, a new one each pass, `backends.jax.shuffle`)."""
     import keras
 
+    from keras_mgpu_plugins import _data_order
     from keras_mgpu_plugins.backends.jax import shuffle
 
     total = int(keras.tree.flatten(arrays[0])[0].shape[0])
@@ -186,6 +187,14 @@ def global_batches(arrays: tuple, batch: int, mode: Any, distribution: Any) -> A
         def __len__(self) -> int:
             return self.num_batches
 
+        def state(self) -> dict:  # `_data_order`: resumed by BackupAndRestore
+            return {"seed": seed, "passes": self.passes, "rows": total, "mode": str(mode)}
+
+        def restore(self, state: dict) -> None:
+            nonlocal seed
+            if state.get("rows") == total and state.get("mode") == str(mode):
+                seed, self.passes = int(state["seed"]), int(state["passes"])
+
         def __getitem__(self, i: int) -> tuple:
             if i == 0:
                 self.passes += 1
@@ -199,7 +208,10 @@ def global_batches(arrays: tuple, batch: int, mode: Any, distribution: Any) -> A
                 return replicated(taken, distribution)
             return taken
 
-    return GlobalBatches()
+    feeding = GlobalBatches()
+    # a shuffled order BackupAndRestore records and restores (`_data_order`); fit's x last
+    _data_order.register(feeding if mode else None)
+    return feeding
 
 
 def _piece_rows(rows: np.ndarray, distribution: Any) -> np.ndarray:

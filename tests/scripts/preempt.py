@@ -1,0 +1,132 @@
+"""A small training script stopped by a signal and resumed (`tests/*/test_preemption.py`).
+
+    kmp-launch -n 2 tests/scripts/preempt.py BACKUP_DIR OUT [--signal-at E:B:W] [--mark-at E:B]
+
+Trains a Dense-Dropout-Dense model with Adam on shuffled arrays, seeded, with
+`kmp.callbacks.BackupAndRestore(BACKUP_DIR)`; the chief saves the final weights
+(concatenated) to OUT.npy and the epochs begun, batches trained and `fit`'s seconds
+(`fit_s`) to OUT.json.
+`--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E (0-based).
+`--kill-at E:B:W`: worker W sends itself SIGKILL there instead. Both only in the
+job's first run (`KMP_RESTART` unset or 0: a restart by `--max-restarts` trains on).
+`--mark-at E:B`: the chief writes OUT.mark after batch B of epoch E (a test then
+signals the launcher). `--no-backup`: no BackupAndRestore. `--no-stop-signals`:
+`stop_signals=None`. `--progress`: each worker writes OUT.progress-W ("epoch batch") at
+each batch end (`benchmarks/preemption.py`). Any backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import keras
+import numpy as np
+
+import keras_mgpu_plugins as kmp
+from keras_mgpu_plugins.callbacks import BackupAndRestore
+
+parser = argparse.ArgumentParser()
+parser.add_argument("backup_dir")
+parser.add_argument("out")
+parser.add_argument("--signal-at", default="")
+parser.add_argument("--kill-at", default="")
+parser.add_argument("--mark-at", default="")
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--rows", type=int, default=96)
+parser.add_argument("--no-backup", action="store_true")
+parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep per batch")
+parser.add_argument("--save-freq", default="epoch")
+parser.add_argument("--dropout", type=float, default=0.25)
+parser.add_argument("--no-shuffle", action="store_true")
+parser.add_argument("--no-stop-signals", action="store_true")
+parser.add_argument("--progress", action="store_true",
+                    help="each worker writes OUT.progress-W (epoch batch) at each batch end")
+args = parser.parse_args()
+
+keras.utils.set_random_seed(7)
+
+
+@kmp.parallelize
+def build():
+    model = keras.Sequential([
+        keras.Input((6,)),
+        keras.layers.Dense(16, activation="relu",
+                           kernel_initializer=keras.initializers.GlorotUniform(1)),
+        keras.layers.Dropout(args.dropout, seed=3),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2)),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+rng = np.random.default_rng(11)
+x = rng.normal(size=(args.rows, 6)).astype("float32")
+y = (x @ rng.normal(size=(6, 1)) + 0.1).astype("float32")
+worker = kmp.topology().worker_index
+
+
+def point(text):
+    return tuple(int(v) for v in text.split(":")) if text else None
+
+
+first_run = os.environ.get("KMP_RESTART", "0") == "0"
+signal_at, kill_at = point(args.signal_at) if first_run else None, point(args.kill_at) if first_run else None
+mark_at = point(args.mark_at)
+
+
+class Events(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.epochs, self.batches = [], 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if args.slow:
+            time.sleep(args.slow)
+        if signal_at and (self.epoch, batch, worker) == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if kill_at and (self.epoch, batch, worker) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mark_at and (self.epoch, batch) == mark_at and worker == 0:
+            with open(args.out + ".mark", "w") as f:
+                f.write(str(time.time()))
+
+
+class Progress(keras.callbacks.Callback):
+    """Where this worker's training is: written at each batch end, before BackupAndRestore's
+    check (which raises at the batch it stops at)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        with open(f"{args.out}.progress-{worker}", "w") as f:
+            f.write(f"{self.epoch} {batch}")
+
+
+events = Events()
+model = build()
+began = time.perf_counter()
+save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+backup = BackupAndRestore(args.backup_dir, save_freq=save_freq,
+                          stop_signals=None if args.no_stop_signals else ("SIGTERM", "SIGUSR1"))
+callbacks = [events] if args.no_backup else [backup, events]
+if args.progress:
+    callbacks.insert(0, Progress())
+model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
+          verbose=0,
+          callbacks=callbacks)
+seconds = time.perf_counter() - began
+weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
+if worker == 0:
+    np.save(args.out + ".npy", weights)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"epochs": events.epochs, "batches": events.batches, "fit_s": seconds}, f)
