@@ -110,6 +110,33 @@ VERDICTS: dict[str, tuple[str, str]] = {
     "multi_gpu_template_watch": ("needed", "tests/multi_device/test_multi_gpu_model.py passed"),
     "jax_inputs_as_on_one_device": ("needed", "the JAX lane's tests passed"),
     "progbar_hidden_keys": ("needed", "tests/multi_device/test_device_metrics_logger.py passed"),
+    "compile_adopts_state_made_outside": ("needed", "keras-team/keras#17187 unfixed: without it a "
+                                          "schedule decays twice as fast and Adam made outside "
+                                          "fails in fit (tests/multi_device/test_fine_tuning.py "
+                                          "passed)"),
+    "overridden_compile_adopts_its_arguments": ("needed", "without it a second optimizer counts "
+                                                "each replica's step "
+                                                "(tests/multi_device/test_fine_tuning.py)"),
+    "same_calls_on_every_worker": ("needed", "tests/multi_worker/test_calls.py passed"),
+    "jax_partial_batches_replicated": ("changed", "Keras's _distribute_data takes is_super_batch "
+                                       "(steps_per_execution's stacked batches): kmp passes it "
+                                       "on and leaves a super batch to Keras; "
+                                       "tests/jax/test_parity.py passed"),
+    "jax_predict_outputs_gathered": ("needed", "tests/jax/test_parity.py passed"),
+    "jax_compile_under_model_distribution": ("changed", "Keras's JAX variable moved to "
+                                             "backend.jax.ops.core.Variable (the resolver "
+                                             "follows); tests/jax/test_fine_tuning.py passed"),
+    "parameter_server_methods": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
+    "atomic_variable_updates": ("needed", "2 workers still lose steps without it "
+                                "(tests/multi_worker/test_parameter_server.py)"),
+    "partitioned_initialization": ("needed", "without it the whole table is now drawn on each "
+                                   "parameter server (847 MB each for a 256 MiB table) instead "
+                                   "of the chief"),
+    "sharded_embedding_lookup": ("needed", "without it the worker still reads the whole table "
+                                 "(tests/multi_worker/test_parameter_server.py)"),
+    "sharded_gradient_sources": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
+    "sharded_optimizer_updates": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
+    "sharded_optimizer_slots": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
 }
 
 
