@@ -27,7 +27,7 @@ PATCH_INTERNALS = ("keras.src.tree, keras.src.backend.Variable, "
                    "keras.src.backend.common.stateless_scope.StatelessScope, "
                    "keras.src.trainers.epoch_iterator.EpochIterator, "
                    "keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter")
-LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX"}
+LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 
 #: Private methods of Keras classes that our subclasses override or call, with their parameters.
 KERAS_PRIVATE_HOOKS: dict[str, dict[str, tuple[str, ...]]] = {

@@ -63,7 +63,7 @@ class PrivateUse:
         outside: What happens when it is missing, changed, or below `min_version`.
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
-        library: Whose internals and versions: "keras", "tensorflow" or "jax".
+        library: Whose internals and versions: "keras", "tensorflow", "jax" or "torch".
     """
 
     name: str
@@ -96,6 +96,10 @@ def library_version(library: str) -> str:
         import jax
 
         return jax.__version__
+    if library == "torch":
+        import torch
+
+        return torch.__version__.split("+")[0]
     return keras_version()
 
 
@@ -266,6 +270,9 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
                "or build it in the @kmp.parallelize factory."),
 )
+from keras_mgpu_plugins.compat._torch_uses import TORCH_PRIVATE_USES  # noqa: E402
+
+PRIVATE_USES += tuple(PrivateUse(**fields) for fields in TORCH_PRIVATE_USES)
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 
 

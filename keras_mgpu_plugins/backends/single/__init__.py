@@ -1,4 +1,4 @@
-"""Keras backends without a distributed `fit` (torch, numpy): one process, one device.
+"""Keras backends without a distributed `fit` (numpy): one process, one device.
 
 Every callback works here (the runtime is the single-process identity); distributing
 raises, naming what to use instead.
@@ -121,3 +121,9 @@ def join_job() -> None:
         "backend. Use KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow (pip install "
         "'keras_mgpu_plugins[jax]' or '[tensorflow]'), or run one worker."
     )
+
+
+def joined() -> None:
+    """The job this process joined by the script's own means, `(rank, count)` (torch's process
+    group only: on this backend the environment and the strategy say it, `None`)."""
+    return None

@@ -86,3 +86,9 @@ def join_job() -> None:
     from keras_mgpu_plugins.backends.tensorflow.strategy import get_strategy
 
     get_strategy("multi_worker")
+
+
+def joined() -> None:
+    """The job this process joined by the script's own means, `(rank, count)` (torch's process
+    group only: on this backend the environment and the strategy say it, `None`)."""
+    return None
