@@ -7,7 +7,8 @@ variables where the launcher did not (`WORLD_SIZE`, `RANK`, `LOCAL_RANK`,
 them under `kmp-launch` or `srun` too), picks this process's GPU (`LOCAL_RANK`; NCCL) or
 the CPU (gloo; on a local job, over the loopback interface only), and starts the default
 process group with `init_method="env://"` (under torchrun that joins the store its agent
-already holds). Idempotent; a group the script or Keras started (`keras.distribution.
+already holds; a local job `kmp-launch` started keeps its store in a file of its private
+job folder instead: torch's TCP store listens on every interface). Idempotent; a group the script or Keras started (`keras.distribution.
 initialize`) is used as it is.
 """
 
@@ -52,8 +53,11 @@ def initialize(plan: Plan | None = None) -> bool:
         if os.environ[world.MASTER_ADDR] in _LOCAL_HOSTS:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback())
     timeout = float(os.environ.get(TIMEOUT_ENV, "1800"))
-    dist.init_process_group(backend, init_method="env://",
-                            timeout=datetime.timedelta(seconds=timeout))
+    method = _init_method(plan)
+    ranks = ({} if method == "env://" else
+             {"rank": int(os.environ[world.RANK]), "world_size": int(os.environ[world.WORLD_SIZE])})
+    dist.init_process_group(backend, init_method=method,
+                            timeout=datetime.timedelta(seconds=timeout), **ranks)
     _install_worker_checks()
     return dist.get_world_size() > 1
 
@@ -75,6 +79,16 @@ def _variables(plan: Plan) -> dict[str, str]:
                if host in _LOCAL_HOSTS else plan.coordinator_address)
     return world.variables_for(address, plan.num_processes, plan.process_id,
                                0 if local is None else local, local_count)
+
+
+def _init_method(plan: Plan) -> str:
+    """`env://` (torch's store on `MASTER_ADDR:MASTER_PORT`, torchrun's agent's under torchrun),
+    except for a local job kmp launched: a file store in the job's private folder, so no
+    process listens on a port of every interface (torch's TCP store binds them all)."""
+    job_dir = os.environ.get("KMP_JOB_DIR")
+    if job_dir and plan.source == "tf_config" and os.environ[world.MASTER_ADDR] in _LOCAL_HOSTS:
+        return f"file://{os.path.join(job_dir, 'torch-store-' + os.environ[world.MASTER_PORT])}"
+    return "env://"
 
 
 def _loopback() -> str:
