@@ -11,6 +11,13 @@ _AVERAGED = ("sum_over_batch_size", "mean", None)
 
 def check(model: Any, method: str) -> None:
     """Raises `ValueError` for a setting of `model` kmp cannot run alike on several processes."""
+    if getattr(model, "jit_compile", False):
+        raise ValueError(
+            f"{method}: jit_compile=True compiles each step with torch.compile, which kmp's "
+            "steps on several torch processes (their collectives between the backward pass "
+            "and the optimizer) do not run under: measured (torch 2.13, 2 CPU processes), the "
+            "first fit never finished, one process left waiting. "
+            "Compile with jit_compile=False (Keras's default on torch; 'auto' is False there).")
     if method == "fit":
         _check_losses(model)
 

@@ -176,7 +176,13 @@ def global_logs(model: Any, logs: Any, step: Step | None, written: list) -> Any:
     averaged = dict(zip(extra, wire[offset:].cpu().tolist(), strict=True))
     if not logs:
         return results
-    return {k: results.get(k, averaged.get(k, v)) for k, v in logs.items()}
+
+    def chosen(key: str, value: Any) -> Any:
+        if isinstance(value, dict):  # a metric whose result is a dict (compile_metrics)
+            return {k: chosen(k, v) for k, v in value.items()}
+        return results.get(key, averaged.get(key, value))
+
+    return {k: chosen(k, v) for k, v in logs.items()}
 
 
 def _scalar(value: Any) -> bool:
