@@ -50,6 +50,8 @@ def factory(optimizer: str = "sgd", batchnorm: bool = False, sync_batchnorm: boo
 
 def measured(model, history=None, **more) -> dict:
     out = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    ddp = vars(model).get("ddp_model")  # keras-nightly's own DistributedDataParallel, if made
+    out["engine"] = type(ddp).__name__ if ddp is not None else "kmp"
     if history is not None:
         out["history"] = json.dumps(history.history)
     return {**out, **more}
@@ -215,6 +217,36 @@ def plain_keras(callbacks: str = "", folder: str = "") -> dict:
     except RuntimeError as err:
         found["fit"] = f"{type(err).__name__}: {err}"
     return found
+
+
+def upstream_fit(folder: str) -> dict:
+    """keras.distribution.initialize() (keras-nightly: the process group) and Keras's own fit of
+    a plain model, with kmp's ModelCheckpoint; the files this process wrote."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.io import atomic
+
+    try:
+        keras.distribution.initialize()
+    except Exception as err:  # noqa: BLE001 - Keras 3.15 on torch has none
+        return {"fit": f"{type(err).__name__}: {err}"}
+    writes, real = [], atomic.atomic_write
+
+    def recording(path, write, suffix=""):
+        writes.append(os.path.basename(path))
+        return real(path, write, suffix)
+
+    atomic.atomic_write = recording
+    x, y = data(16)
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        kmp.callbacks.ModelCheckpoint(os.path.join(folder, "plain.keras"))])
+    rank = kmp.runtime.of(model).rank()
+    return {"fit": "trained", "topology": list(rank), "writes": sorted(set(writes)),
+            "weights": model.get_weights()}
 
 
 def suite(scenarios: list) -> dict:

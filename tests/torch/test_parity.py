@@ -131,3 +131,14 @@ def test_a_dataloader_that_shards_itself_is_refused_naming_what_to_pass(runs):
     for result in runs["refused_loader"]:
         assert "DistributedSampler" in result["error_text"]
         assert "Pass the same DataLoader on every process" in result["error_text"]
+
+
+def test_upstream_ddp_where_keras_has_it_else_kmps_own_averaging(runs):
+    """keras-nightly (keras-team/keras#23316) wraps the model in DistributedDataParallel in
+    fit: kmp uses it (and weights each process's loss for uneven batches); Keras 3.10 to 3.15
+    have none: kmp averages the gradients itself. Both equal one device (above)."""
+    import keras
+
+    rank0, rank1, _ = runs[key("parity", {"optimizer": "sgd"})]
+    expected = "DistributedDataParallel" if "dev" in keras.__version__ else "kmp"
+    assert rank0["engine"] == rank1["engine"] == expected

