@@ -7,6 +7,7 @@ or raises outside the known versions.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -24,10 +25,15 @@ def default_store() -> Any:
 def keras_has_upstream_ddp() -> bool:
     """Whether the installed Keras wraps the model in `DistributedDataParallel` in `fit` where
     a process group exists (keras-team/keras#23316: keras-nightly 3.16.0.dev; no release up
-    to 3.15.1 does)."""
+    to 3.15.1 does). Read once per process (each training step asks)."""
     import keras
 
-    if keras.backend.backend() != "torch" or not require("torch_upstream_ddp"):
+    return keras.backend.backend() == "torch" and _upstream_ddp(keras.__version__)
+
+
+@functools.cache
+def _upstream_ddp(version: str) -> bool:
+    if not require("torch_upstream_ddp"):
         return False
     module = importlib.import_module(TORCH_TRAINER)
     return any(hasattr(getattr(module, name, None), "_initialize_ddp")

@@ -48,6 +48,8 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
                     self.order = shuffle.epoch_order(total, batch, seed, self.passes, mode)
             positions = self.order[i * batch:(i + 1) * batch]
             rows = sharing.rows(positions)
+            if not mode and len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+                rows = slice(int(rows[0]), int(rows[-1]) + 1)  # in order: a view, no copy
             taken = tuple(keras.tree.map_structure(lambda a: np.asarray(a)[rows], a)
                           for a in present)
             return sharing.deliver(taken, len(positions), sharing.span(len(positions)) is None)

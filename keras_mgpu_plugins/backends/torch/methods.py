@@ -71,9 +71,26 @@ def _arranged(name: str, original: Any) -> Any:
 
             parallel.average_gradients_of(self)  # compiled again since? a new optimizer
             found.buffers = None  # found again at the first step (a layer frozen since?)
+            found.step_logs = runtime.agree(_step_logs_read(self, arguments))
         return original(self, **arguments, **extra)
 
     return method
+
+
+def _step_logs_read(model: Any, arguments: dict) -> bool:
+    """Whether this fit's per-step logs are read (a progress bar, a callback's batch hook, a
+    train_step of the user's whose logs Keras may keep): then every step reduces them;
+    else only the epoch's logs are (`steps.global_logs`)."""
+    import keras
+
+    hooks = ("on_train_batch_end", "on_batch_end")
+    callbacks = arguments.get("callbacks") or []
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        callbacks = callbacks.callbacks  # one given already wrapped: its members decide
+    batch_hooks = any(getattr(type(c), h, None) is not getattr(keras.callbacks.Callback, h)
+                      for c in callbacks for h in hooks)
+    own_step = not getattr(type(model).train_step, "__module__", "").startswith("keras.")
+    return bool(arguments.get("verbose")) or batch_hooks or own_step
 
 
 def _keras_signature(name: str) -> inspect.Signature:

@@ -20,6 +20,8 @@ class Arranged:
         buffers: The non-trainable variables a training step writes (BatchNormalization's
             moving statistics, seed states), found at the first step of each fit, synced
             from rank 0 after every step; `None` until found.
+        step_logs: Whether this fit's per-step logs are read (`methods`): else a training
+            step leaves them this process's, and only the epoch's are reduced.
     """
 
     def __init__(self, sync_batchnorm: bool) -> None:
@@ -27,6 +29,7 @@ class Arranged:
         self.sync_batchnorm = sync_batchnorm
         self.pending_broadcast = True
         self.buffers: list | None = None
+        self.step_logs = True
 
 
 _MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -9,7 +9,9 @@ The per-instance patch `torch_steps_as_one_device` wraps the model's `train_step
   process's weight in the step (`n_p / n`; `1 / P` for a batch fed whole);
 - the first step of each top-level call gives every process rank 0's variables (the
   initial weights, and the optimizer's state: as DDP does when it wraps a model);
-- after each step, one all-reduce gives every process the global batch's logs: the sum of
+- after each step, one all-reduce gives every process the global batch's logs (where they
+  are read: a progress bar, a callback's batch hook, a train_step of the user's; else only
+  the epoch's, by `get_metrics_result`, and a step runs no collective of its own): the sum of
   the processes' metric states (Keras's metrics are sums: totals, counts, confusion
   matrices), read through a `keras.StatelessScope` (the states themselves stay this
   process's), any other scalar log averaged by weight, and, in training, rank 0's value
@@ -93,6 +95,8 @@ def _train(model: Any, original: Any, data: Any) -> Any:
     logs = _counted_once(model, step, original, data)
     if before is not None:
         found.buffers = buffers.written(model, before)
+    if found is not None and not found.step_logs and not found.buffers:
+        return logs  # nobody reads them: the epoch's logs are reduced (get_metrics_result)
     return global_logs(model, logs, step, found.buffers if found is not None else [])
 
 
