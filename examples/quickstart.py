@@ -1,14 +1,18 @@
 """Quickstart: a small CNN trained on 2 devices with @kmp.parallelize and the callbacks.
 
-Runs anywhere, on either Keras backend: without GPUs, `kmp.simulate_devices(2)` splits
+Runs anywhere, on every Keras backend: without GPUs, `kmp.simulate_devices(2)` splits
 the CPU into two logical devices, and the model is replicated over them exactly as it
 would be over two GPUs (TensorFlow: `MirroredStrategy`; JAX: `keras.distribution`'s
-`DataParallel`). The data are scikit-learn's 8x8 digits (shipped with the package,
-nothing is downloaded).
+`DataParallel`). Keras on torch trains one device per process: there the script runs
+itself on 2 processes (`kmp.launch`, gloo on CPUs), as `kmp-launch -n 2` or `torchrun
+--nproc-per-node 2` would run it. The data are scikit-learn's 8x8 digits (shipped with
+the package, nothing is downloaded).
 
-    pip install -e ".[tensorflow,examples]"              # or ".[jax,examples]" for JAX
+    pip install -e ".[tensorflow,examples]"              # or ".[jax,examples]", ".[torch,examples]"
     python examples/quickstart.py                        # TensorFlow, ~30 s on 2 CPU cores
     KERAS_BACKEND=jax python examples/quickstart.py      # JAX
+    KERAS_BACKEND=torch python examples/quickstart.py    # torch: 2 processes
+    KERAS_BACKEND=torch kmp-launch -n 2 examples/quickstart.py  # the same, launched by hand
     python examples/quickstart.py --quick                # 2 epochs, for tests
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 
 import keras_mgpu_plugins as kmp
@@ -68,6 +73,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     topology = kmp.topology()  # starts nothing
     gpus = [d for d in topology.local_devices if d.startswith("GPU")]
+    if _keras_backend() == "torch" and not topology.is_multi_worker:
+        # One device per process on torch: this same function on `--devices` processes.
+        argv = sys.argv[1:] if argv is None else argv
+        return kmp.launch(main, num_workers=args.devices, args=(argv,))[0]
     if len(gpus) < 2 and not topology.is_multi_worker:  # (kmp-launch -n N: a device each)
         kmp.simulate_devices(args.devices)  # before the backend's runtime starts
     epochs = 2 if args.quick else args.epochs
@@ -96,6 +105,12 @@ def main(argv=None) -> dict:
     loss, accuracy = model.evaluate(x_val, y_val, batch_size=BATCH_SIZE, verbose=0)
     print(f"validation accuracy {accuracy:.3f}; best checkpoint: {os.path.join(out, 'best.keras')}")
     return {"history": history.history, "val_accuracy": accuracy, "out": out}
+
+
+def _keras_backend() -> str:
+    import keras  # reads the backend; starts no runtime (simulate_devices may still follow)
+
+    return keras.backend.backend()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,13 @@ set of functions, importing its framework only when one is called:
 - `summary_writer(logdir)`: TensorBoard scalars, `write(step, {tag: value})` and `close()`;
 - `parallelize_factory(factory, **options)`: `kmp.parallelize` on this backend;
 - `join_job()`: join a multi-worker job before any user code (`kmp-launch` workers,
-  `python -m keras_mgpu_plugins.run`): TensorFlow's strategy, or `jax.distributed`;
+  `python -m keras_mgpu_plugins.run`): TensorFlow's strategy, `jax.distributed`, or torch's
+  process group;
 - `serve_parameter_server(topology)` (TensorFlow only: `run.prepare` refuses parameter
   servers on other backends first): a worker or parameter server of a parameter-server
-  cluster runs TensorFlow's server and never returns.
+  cluster runs TensorFlow's server and never returns;
+- `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
+  torch process group it started itself), else `None` (`kmp.topology()` asks it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 from types import ModuleType
 
 #: The frameworks behind Keras's backends, and kmp's extra that installs each.
-_EXTRAS = {"tensorflow": "tensorflow", "jax": "jax", "jaxlib": "jax", "torch": None}
+_EXTRAS = {"tensorflow": "tensorflow", "jax": "jax", "jaxlib": "jax", "torch": "torch"}
 
 
 def require_keras() -> ModuleType:
@@ -46,13 +49,14 @@ def require_keras() -> ModuleType:
             raise
         backend = os.environ.get("KERAS_BACKEND", "tensorflow (Keras's default)")
         extra = _EXTRAS[err.name]
-        fix = (f'pip install "keras_mgpu_plugins[{extra}]"' if extra
-               else f"pip install {err.name}")
+        fix = f'pip install "keras_mgpu_plugins[{extra}]"'
         raise ImportError(
             f"Keras's backend is {backend}, but {err.name!r} is not installed. Install it "
             f"({fix}), or choose an installed backend with KERAS_BACKEND. kmp's lanes: "
-            'pip install "keras_mgpu_plugins[tensorflow]" (tf.distribute) or '
-            'pip install "keras_mgpu_plugins[jax]" with KERAS_BACKEND=jax (keras.distribution).'
+            'pip install "keras_mgpu_plugins[tensorflow]" (tf.distribute), '
+            'pip install "keras_mgpu_plugins[jax]" with KERAS_BACKEND=jax (keras.distribution) or '
+            'pip install "keras_mgpu_plugins[torch]" with KERAS_BACKEND=torch (one process per '
+            "device, DistributedDataParallel)."
         ) from err
     return keras
 
@@ -70,6 +74,10 @@ def current() -> ModuleType:
         from keras_mgpu_plugins.backends import jax
 
         return jax
+    if name == "torch":
+        from keras_mgpu_plugins.backends import torch
+
+        return torch
     from keras_mgpu_plugins.backends import single
 
     return single

@@ -1,6 +1,7 @@
 """Where a thread is, read from its Python stack (for `StallWatchdog`; no Keras).
 
-- `locate(frame)`: inside TensorFlow or JAX (a step, a collective: possibly waiting
+- `locate(frame)`: inside TensorFlow or the active Keras backend's framework (a step, a
+  collective: possibly waiting
   for a peer), tracing or saving (busy: the clock is paused), or in Python code (the
   innermost user frame);
 - `outermost_call(frame)` / `has_frame`: the `tf.function` call a thread is in;
@@ -42,16 +43,25 @@ def _describe(frame: FrameType) -> str:
     return f"{frame.f_code.co_name} ({_short(frame.f_code.co_filename)}:{frame.f_lineno})"
 
 
-def _jax_folders() -> tuple[str, ...]:
-    """JAX's package folders once it is imported (never imported here): frames there are
-    inside JAX, as frames under `tensorflow/` are inside TensorFlow (a user folder named
-    `jax` is not)."""
-    folders = []
-    for name in ("jax", "jaxlib"):
-        path = getattr(sys.modules.get(name), "__file__", None)
+#: The packages of a Keras backend whose frames are "inside" it (the backend's own name
+#: otherwise), and the name said in reports.
+_PACKAGES = {"jax": ("jax", "jaxlib")}
+_LABELS = {"jax": "JAX", "jaxlib": "JAX"}
+
+
+def _framework_folders() -> dict[str, str]:
+    """The active Keras backend's package folders, once imported (never imported here), with
+    the name to report: frames there are inside it, as frames under `tensorflow/` are
+    inside TensorFlow (a user folder of the same name is not)."""
+    keras = sys.modules.get("keras")
+    backend = getattr(getattr(keras, "backend", None), "backend", None)
+    name = backend() if callable(backend) else None
+    folders = {}
+    for package in _PACKAGES.get(name, (name,)) if name and name != "tensorflow" else ():
+        path = getattr(sys.modules.get(package), "__file__", None)
         if path:
-            folders.append(os.path.join(os.path.dirname(path), ""))
-    return tuple(folders)
+            folders[os.path.join(os.path.dirname(path), "")] = _LABELS.get(package, package)
+    return folders
 
 
 def locate(frame: FrameType | None) -> tuple[str, bool, str]:
@@ -66,17 +76,19 @@ def locate(frame: FrameType | None) -> tuple[str, bool, str]:
     if frame is None:
         return "", False, "nowhere (the thread has ended)"
     innermost, user, tf_frame, framework = frame, None, None, "TensorFlow"
-    busy, jax_folders = "", _jax_folders()
+    busy, folders = "", _framework_folders()
     while frame is not None:
         name = frame.f_code.co_filename
-        in_jax = name.startswith(jax_folders) if jax_folders else False
+        owner = next((label for folder, label in folders.items() if name.startswith(folder)),
+                     None)
+        in_framework = owner is not None
         if not busy:
             busy = next((what for what, marks in _BUSY.items()
                          if any(mark in name for mark in marks)), "")
-        if user is None and tf_frame is None and (_TF in name or in_jax):
+        if user is None and tf_frame is None and (_TF in name or in_framework):
             tf_frame = frame  # a framework call nearer the top than any user code
-            framework = "JAX" if in_jax else "TensorFlow"
-        if user is None and not (name.startswith(_STDLIB) or in_jax
+            framework = owner or "TensorFlow"
+        if user is None and not (name.startswith(_STDLIB) or in_framework
                                  or any(lib in name for lib in _LIBRARIES)):
             user = frame
         frame = frame.f_back

@@ -1,7 +1,8 @@
 """The processes of a multi-process job (JAX's `jax.distributed` view), from the environment.
 
 `KERAS_DISTRIBUTION_*` (what `keras.distribution.initialize` reads) first, else
-`kmp.topology()` (TF_CONFIG as `kmp-launch` sets it, SLURM). No backend is imported.
+`kmp.topology()` (TF_CONFIG as `kmp-launch` sets it, `torchrun`'s `WORLD_SIZE`/`RANK`/
+`MASTER_ADDR`/`MASTER_PORT`, SLURM). No backend is imported.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ def planned_processes(environ: Any = None) -> Plan | None:
                              f"{KERAS_ADDRESSES}={env.get(KERAS_ADDRESSES)!r}")
         return Plan(addresses[0].strip(), count, _int(env, KERAS_PROCESS_ID), "keras")
     plan = topology_from_env(env)
+    if plan.source == "torchrun":  # the rank-0 store's address is the coordinator's
+        from keras_mgpu_plugins.cluster import world
+
+        address = world.master_address(env)
+        if address is None:
+            raise ValueError(f"{world.WORLD_SIZE}={plan.num_workers} needs {world.MASTER_ADDR} "
+                             f"and {world.MASTER_PORT} (rank 0's host and a free port). "
+                             f"Received: {world.MASTER_ADDR}={env.get(world.MASTER_ADDR)!r}, "
+                             f"{world.MASTER_PORT}={env.get(world.MASTER_PORT)!r}")
+        return Plan(address, plan.num_workers, plan.worker_index, plan.source)
     if not plan.is_multi_worker or plan.cluster_spec is None:
         return None
     cluster = plan.cluster_spec

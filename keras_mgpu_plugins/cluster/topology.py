@@ -5,12 +5,17 @@ whether it is the chief. It is computed from, in order of precedence:
 
 1. `TF_CONFIG` (the variable every `tf.distribute` cluster resolver reads, and
    that Kubernetes operators, Ray Train and `kmp-launch` set);
-2. SLURM (`SLURM_NTASKS > 1` in a task that `srun` started: `SLURM_PROCID`, the
+2. the process-group variables `WORLD_SIZE` (> 1) and `RANK` (what `torchrun`, Kubernetes'
+   PyTorchJob and many SLURM recipes set: `cluster.world`), before SLURM's, since
+   `torchrun` under `srun` starts several processes in each task;
+3. SLURM (`SLURM_NTASKS > 1` in a task that `srun` started: `SLURM_PROCID`, the
    step's task count and node list), building the cluster the same way
    TensorFlow's `SlurmClusterResolver` does;
-3. Keras's own `KERAS_DISTRIBUTION_NUM_PROCESSES` / `_PROCESS_ID` / `_JOB_ADDRESSES`
+4. Keras's own `KERAS_DISTRIBUTION_NUM_PROCESSES` / `_PROCESS_ID` / `_JOB_ADDRESSES`
    (what `keras.distribution.initialize` reads: a JAX job started by hand);
-4. a single process.
+5. a single process, unless the active backend says this process joined a job by its own
+   means (a torch process group the script initialised itself: `backends.current().joined()`,
+   asked only where Keras and its backend are already imported).
 
 Every callback asks the runtime (`kmp.runtime.of(model)`), whose rank agrees with
 this module, instead of reading the environment itself.
@@ -24,6 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from keras_mgpu_plugins.cluster import world
 from keras_mgpu_plugins.cluster.local_devices import gpus_from_env, local_device_names
 from keras_mgpu_plugins.cluster.slurm import (
     DEFAULT_SLURM_PORT_BASE,
@@ -34,6 +40,11 @@ from keras_mgpu_plugins.cluster.slurm import (
     slurm_fields,
 )
 from keras_mgpu_plugins.cluster.slurm import int_env as _int_env
+from keras_mgpu_plugins.cluster.tf_cluster import (
+    _check_parameter_server_cluster,
+    _parse_cluster,
+    worker_rank,
+)
 from keras_mgpu_plugins.errors import TopologyError
 
 __all__ = ["DEFAULT_SLURM_PORT_BASE", "PS_REFUSAL", "SERVER_TASK_TYPES", "SLURM_STEP_VARS",
@@ -71,7 +82,9 @@ class Topology:
         task_index: Index of this task within its task type.
         cluster_spec: Task type to list of `host:port`, or `None` for a single
             process.
-        source: `"tf_config"`, `"slurm"`, `"keras"` (`KERAS_DISTRIBUTION_*`) or `"local"`.
+        source: `"tf_config"`, `"slurm"`, `"keras"` (`KERAS_DISTRIBUTION_*`), `"torchrun"`
+            (`WORLD_SIZE`/`RANK`), `"process_group"` (a torch process group started by the
+            script itself) or `"local"`.
         local_devices: Names of this process's accelerators (`"GPU:0"`, ...), or
             of its logical CPU devices when it has no accelerator.
         num_ps: Number of parameter servers (`"ps"` tasks): 0 unless the cluster is a
@@ -138,6 +151,8 @@ def topology_from_env(
     devices = tuple(local_devices)
     if env.get("TF_CONFIG", "").strip():
         return _from_tf_config(env["TF_CONFIG"], devices)
+    if world.describes_a_job(env):  # before SLURM: torchrun under srun starts several per task
+        return Topology(**world.world_fields(env), local_devices=_own_device(env, devices))
     if _int_env(env, "SLURM_NTASKS", default=1) > 1 or _int_env(
         env, "SLURM_NPROCS", default=1
     ) > 1:
@@ -148,6 +163,15 @@ def topology_from_env(
     if _int_env(env, "KERAS_DISTRIBUTION_NUM_PROCESSES", default=1) > 1:
         return _from_keras(env, devices)
     return Topology(local_devices=devices)
+
+
+def _own_device(env: Mapping[str, str], devices: tuple[str, ...]) -> tuple[str, ...]:
+    """A process of a `torchrun`-style job drives one GPU, `GPU:LOCAL_RANK`, of those it sees."""
+    index = world.local_rank(env)
+    gpus = [d for d in devices if d.startswith("GPU:")]
+    if index is None or len(gpus) <= 1:
+        return devices
+    return (gpus[index],) if index < len(gpus) else devices
 
 
 def _from_keras(env: Mapping[str, str], devices: tuple[str, ...]) -> Topology:
@@ -179,7 +203,28 @@ def topology() -> Topology:
         >>> kmp.topology().num_workers
         1
     """
-    return topology_from_env(os.environ, local_device_names())
+    found = topology_from_env(os.environ, local_device_names())
+    if found.is_multi_worker:
+        return found
+    joined = _joined_by_backend()
+    if joined is None:
+        return found
+    index, count = joined
+    return Topology(num_workers=count, worker_index=index, is_chief=index == 0,
+                    task_type="worker", task_index=index, source="process_group",
+                    local_devices=found.local_devices)
+
+
+def _joined_by_backend() -> tuple[int, int] | None:
+    """The job the active backend joined by the script's own means, `(rank, count)`; asked
+    only where Keras is imported already (never imported here)."""
+    import sys
+
+    if "keras" not in sys.modules:
+        return None
+    from keras_mgpu_plugins import backends
+
+    return backends.current().joined()
 
 
 # --- TF_CONFIG -------------------------------------------------------------------
@@ -244,65 +289,3 @@ def _from_tf_config(raw: str, devices: tuple[str, ...]) -> Topology:
         local_devices=devices,
         num_ps=len(cluster.get("ps", ())),
     )
-
-
-def _check_parameter_server_cluster(cluster: Mapping[str, tuple[str, ...]]) -> None:
-    """Raises unless a cluster with "ps" tasks has the chief and workers TensorFlow needs."""
-    types = sorted(cluster)
-    if len(cluster.get("chief", ())) != 1:
-        raise TopologyError(
-            'A parameter-server cluster (TF_CONFIG with "ps" tasks) needs exactly one "chief" '
-            "task: the coordinator, which runs your script and sends the steps to the workers "
-            "(TensorFlow's ParameterServerStrategy names it \"chief\"). Received: task types "
-            f"{types}, chief={list(cluster.get('chief', ()))!r}. Add a \"chief\" address, or "
-            'remove the "ps" tasks to train with all-reduce.')
-    if not cluster.get("worker"):
-        raise TopologyError(
-            'A parameter-server cluster (TF_CONFIG with "ps" tasks) needs at least one '
-            f'"worker" task to run the steps. Received: task types {types}.')
-
-
-def worker_rank(task_type: str, task_id: int, has_chief: bool) -> int:
-    """The rank of a training task among the job's workers: the chief first, then the workers.
-
-    Args:
-        task_type: `"chief"` or `"worker"`.
-        task_id: The task's index within its type.
-        has_chief: Whether the cluster has a `"chief"` task.
-
-    Returns:
-        0 for the chief; a worker's index, shifted by one behind a chief.
-    """
-    if task_type == "chief":
-        return 0
-    return task_id + (1 if has_chief else 0)
-
-
-def _parse_cluster(cluster: Any, raw: str) -> dict[str, tuple[str, ...]]:
-    if not isinstance(cluster, dict) or not cluster:
-        raise TopologyError(
-            'TF_CONFIG["cluster"] must be a non-empty object mapping task types to '
-            f"lists of \"host:port\". Received: cluster={cluster!r}"
-        )
-    parsed = {}
-    for task_type, addresses in cluster.items():
-        if not isinstance(addresses, list) or not addresses:
-            raise TopologyError(
-                f'TF_CONFIG["cluster"][{task_type!r}] must be a non-empty list of '
-                f'"host:port" strings. Received: {addresses!r}'
-            )
-        for address in addresses:
-            if not isinstance(address, str) or not _is_host_port(address):
-                raise TopologyError(
-                    f'TF_CONFIG["cluster"][{task_type!r}] holds an address that is not '
-                    f'"host:port" with a port in [1, 65535]. Received: {address!r}'
-                )
-        parsed[task_type] = tuple(addresses)
-    return parsed
-
-
-def _is_host_port(address: str) -> bool:
-    host, sep, port = address.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
-
-

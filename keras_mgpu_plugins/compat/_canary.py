@@ -137,6 +137,17 @@ VERDICTS: dict[str, tuple[str, str]] = {
     "sharded_gradient_sources": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
     "sharded_optimizer_updates": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
     "sharded_optimizer_slots": ("needed", "tests/multi_worker/test_parameter_server.py passed"),
+    "torch_one_model_per_job": ("changed", "keras-nightly runs DistributedDataParallel in fit "
+                                "(keras-team/keras#23316): kmp uses it and checks it against "
+                                "one device; tests/torch passed"),
+    "torch_steps_as_one_device": ("needed", "tests/torch passed (global logs, BatchNormalization "
+                                  "state from rank 0, predict gathered)"),
+    "torch_gradients_averaged": ("changed", "upstream DDP averages the gradients without "
+                                 "weighting an uneven last batch: kmp weights each process's "
+                                 "loss by its rows and multiplies DDP's average back; "
+                                 "tests/torch passed"),
+    "torch_sync_batchnorm": ("needed", "BatchNormalization(synchronized=True) is still "
+                             "TensorFlow's only; tests/torch passed"),
 }
 
 

@@ -23,12 +23,12 @@ from keras_mgpu_plugins.compat import _names
 #: replace), as `compat._names` keys.
 PATCH_INTERNALS = ("tree", "backend variable", "stateless scope", "epoch iterator",
                    "array data adapter", "tensorflow trainer module", "reduction metrics module")
-LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX"}
+LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 #: Per library, the first version kmp's records were not checked for (exclusive upper bound
 #: of their ranges): the first release CI has not run. pyproject.toml caps Keras and
 #: TensorFlow below these (a test keeps them equal), so a fresh install resolves a checked
 #: pair on the day a new release comes out; `.ci/run canary` runs the next one ahead.
-CHECKED_BELOW = {"keras": "3.16.0", "tensorflow": "2.22.0", "jax": "0.12.0"}
+CHECKED_BELOW = {"keras": "3.16.0", "tensorflow": "2.22.0", "jax": "0.12.0", "torch": "2.14.0"}
 
 #: Private methods of Keras classes that our subclasses override or call, with their parameters.
 KERAS_PRIVATE_HOOKS: dict[str, dict[str, tuple[str, ...]]] = {

@@ -292,3 +292,7 @@ FEATURES: tuple[Patch, ...] = (
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/callbacks/"
                  "callback_list.py", per_instance=True),
 )
+
+from keras_mgpu_plugins.compat._torch_features import TORCH_FEATURES  # noqa: E402
+
+FEATURES += TORCH_FEATURES

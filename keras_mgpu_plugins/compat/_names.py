@@ -29,7 +29,7 @@ from packaging.version import Version
 
 from keras_mgpu_plugins.errors import UncheckedVersionError
 
-LIBRARIES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX"}
+LIBRARIES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 
 
 class MissingNameError(UncheckedVersionError):
@@ -153,12 +153,13 @@ BY_KEY = {name.key: name for name in NAMES}
 
 
 def library_version(library: str) -> str:
-    """The installed version of "keras", "tensorflow" or "jax".
+    """The installed version of "keras", "tensorflow", "jax" or "torch" (without a local
+    build tag: torch's "2.13.0+cpu" is "2.13.0").
 
     Raises:
         ImportError: The library is not installed.
     """
-    return importlib.import_module(library).__version__
+    return str(importlib.import_module(library).__version__).split("+")[0]
 
 
 def _installed(library: str) -> str | None:

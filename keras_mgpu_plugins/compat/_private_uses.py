@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Callable
 
 from keras_mgpu_plugins.compat import _checks as checks
+from keras_mgpu_plugins.compat import _jax_checks as jax_checks
 from keras_mgpu_plugins.compat import _names
 from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, KERAS_HOOK_CALLS, KERAS_PRIVATE_HOOKS
 from keras_mgpu_plugins.errors import UncheckedVersionError
@@ -64,7 +65,7 @@ class PrivateUse:
         outside: What happens when it is missing, changed, or below `min_version`.
         fallback: Whether `outside` is a fallback (`require` returns `False`)
             rather than an error (`require` raises).
-        library: Whose internals and versions: "keras", "tensorflow" or "jax".
+        library: Whose internals and versions: "keras", "tensorflow", "jax" or "torch".
         backend: The Keras backend whose lane relies on it ("" for any).
     """
 
@@ -148,37 +149,6 @@ def _warn_once(name: str, message: str) -> None:
 
 
 _MAX, _TF_MAX = CHECKED_BELOW["keras"], CHECKED_BELOW["tensorflow"]
-
-
-def _check_jax_client() -> list[str]:
-    """What `jax_coordination_client` needs of JAX's distributed runtime client."""
-    import importlib.util
-
-    if importlib.util.find_spec("jax") is None:
-        return []
-    try:
-        state = _names.resolve("jax distributed").global_state
-        client_type = importlib.import_module("jax._src.lib")._jax.DistributedRuntimeClient
-    except (ImportError, AttributeError, UncheckedVersionError) as err:
-        return [f"jax distributed.global_state cannot be found ({err})"]
-    missing = [name for name in ("key_value_set", "key_value_dir_get", "key_value_try_get")
-               if not hasattr(client_type, name)]
-    return ([] if hasattr(state, "client") else ["global_state.client is gone"]) + [
-        f"DistributedRuntimeClient.{name} is gone" for name in missing]
-
-
-def _check_jax_variable() -> list[str]:
-    """What `jax_variable_relayout` needs of Keras's JAX variable."""
-    import importlib.util
-
-    if importlib.util.find_spec("jax") is None:
-        return []
-    try:
-        variable = _names.resolve("jax variable")
-    except UncheckedVersionError as err:
-        return [f"jax variable cannot be found ({err})"]
-    return [f"JaxVariable.{name} is gone" for name in ("_direct_assign", "_initialize_layout")
-            if not callable(getattr(variable, name, None))]
 
 
 PRIVATE_USES: tuple[PrivateUse, ...] = (
@@ -297,17 +267,20 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "(key_value_set, key_value_dir_get, key_value_try_get: the key-value store of "
                "jax.distributed's coordination service)",
                "kmp's check that every JAX process makes the same fit/evaluate/predict call "
-               "(backends.jax.calls)", "0.5.1", "0.12.0", _check_jax_client,
+               "(backends.jax.calls)", "0.5.1", "0.12.0", jax_checks.check_jax_client,
                "The check is skipped: a fit/evaluate/predict made on one process only waits "
                "for the others (kmp-launch --stall-timeout reports it).", fallback=True,
                library="jax"),
     PrivateUse("jax_variable_relayout", "jax variable (_layout, "
                "_direct_assign: how Keras lays a variable out under a distribution)",
                "kmp's JAX compile outside the factory (an optimizer made outside the model's "
-               "distribution gets its layout)", "3.10.0", _MAX, _check_jax_variable,
+               "distribution gets its layout)", "3.10.0", _MAX, jax_checks.check_jax_variable,
                "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
                "or build it in the @kmp.parallelize factory."),
 )
+from keras_mgpu_plugins.compat._torch_uses import TORCH_PRIVATE_USES  # noqa: E402
+
+PRIVATE_USES += tuple(PrivateUse(**fields) for fields in TORCH_PRIVATE_USES)
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 
 

@@ -164,7 +164,8 @@ def report() -> CompatReport:
     backend = keras.backend.backend()
     versions = {"python": platform.python_version(), "keras_mgpu_plugins": __version__,
                 "keras": keras.__version__, "backend": backend,
-                "tensorflow": _version("tensorflow"), "jax": _version("jax")}
+                "tensorflow": _version("tensorflow"), "jax": _version("jax"),
+                "torch": _version("torch")}
     applied = set(_registry._applied)
     uses = tuple((u.name, f"{_names.LIBRARIES[u.library]} >={u.min_version},<{u.max_version}",
                   ("not installed",) if not versions[u.library] else

@@ -23,6 +23,7 @@ and `python -m keras_mgpu_plugins.launch` run `main` (`launch._cli`).
 
 from __future__ import annotations
 
+import copyreg
 import os
 import sys
 import types
@@ -196,7 +197,16 @@ class _CallableModule(types.ModuleType):
     __call__ = staticmethod(launch)
 
 
+def _import_again(module: types.ModuleType) -> tuple:
+    """Pickles this module by name (cloudpickle takes a function that calls `kmp.launch` by
+    value, with the submodules it reaches: a function that launches itself from `__main__`)."""
+    import importlib
+
+    return importlib.import_module, (module.__name__,)
+
+
 sys.modules[__name__].__class__ = _CallableModule
+copyreg.pickle(_CallableModule, _import_again)
 
 
 def _pickle_payload(fn: Callable[..., Any], args: tuple, kwargs: dict) -> bytes:

@@ -89,6 +89,7 @@ class _Worker:
         self.error_path = _worker.outcome_path(spec_path, index, "error")
         self.stopped_path = _worker.outcome_path(spec_path, index, "stopped")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
+        self.alive_at: float | None = None  # wall time it was last seen running
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.relays = [
@@ -102,8 +103,12 @@ class _Worker:
             relay.start()
 
     def check_exit(self) -> bool:
-        if self.exited_at is None and self.proc.poll() is not None:
-            self.exited_at = time.time()
+        if self.exited_at is None:
+            now = time.time()
+            if self.proc.poll() is None:
+                self.alive_at = now
+            else:
+                self.exited_at = now
         return self.exited_at is not None
 
     def failed(self, expects_result: bool) -> bool:
@@ -138,7 +143,12 @@ class _Worker:
             with contextlib.suppress(OSError), open(self.stall_path) as f:
                 verdict = f.read()
             return "StallError", None, self.exited_at, verdict
-        return record if record is not None else (None, None, self.exited_at, None)
+        # Killed by a signal (no report): it died after it was last seen alive, before the
+        # errors its peers raised on losing it (a collective's closed connection), so it
+        # counts from then, and comes first.
+        signalled = self.proc.returncode is not None and self.proc.returncode < 0
+        died = self.alive_at if signalled and self.alive_at is not None else self.exited_at
+        return record if record is not None else (None, None, died, None)
 
     def result(self) -> Any:
         """The value `fn` returned in this worker."""

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
 from typing import Any
 
 from keras_mgpu_plugins import _stop_signals
@@ -33,10 +32,9 @@ from keras_mgpu_plugins.launch import _signals, _stacks, _tasks
 from keras_mgpu_plugins.launch._errors import (
     LaunchError,
     LaunchTimeoutError,
-    WorkerFailedError,
-    describe_exit,
     named,
 )
+from keras_mgpu_plugins.launch._failures import _raise_first_failure
 from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
 from keras_mgpu_plugins.launch._tuning import MIN_PARAMETER_SERVER_INTEROP, worker_tuning
 
@@ -290,59 +288,3 @@ def _stop(workers: list[_Worker]) -> None:
     for w in workers:
         for relay in w.relays:  # let the last lines out; never hang on an escaped pipe
             relay.join(max(0.0, deadline - time.monotonic()))
-
-
-def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
-    failures = []
-    for w in workers:
-        if w.failed(expects_result):
-            raised, exc, when, text = w.error_record()
-            failures.append((when if when is not None else time.time(), w, raised, exc, text))
-        elif expects_result and w.proc.returncode != 0 and os.path.exists(w.result_path):
-            warnings.warn(f"Worker {w.index} returned its result, then ended with "
-                          f"{describe_exit(w.proc.returncode)} while shutting down.",
-                          RuntimeWarning, stacklevel=4)  # at the caller of kmp.launch
-    if not failures:
-        return
-    failures.sort(key=lambda f: f[0])
-    _, first, raised, exc, text = failures[0]
-    others = {w.index: w.proc.returncode for _, w, _, _, _ in failures[1:]}
-    tasks = "workers" if all(w.label == f"worker {w.index}" for w in workers) else "tasks"
-    summary = (f"{first.label} of {len(workers)}{'' if tasks == 'workers' else ' tasks'} "
-               f"{_how(first, raised, text, expects_result)}.")
-    if others:
-        summary += " Also failed: " + ", ".join(
-            f"{w.label} {_how(w, r, t, expects_result)}"
-            for _, w, r, _, t in failures[1:]) + "."
-    if len(failures) < len(workers):
-        summary += f" The other {tasks} were stopped."
-    if text is not None:
-        detail = f"Remote traceback of {first.label}:\n{text.rstrip()}"
-    elif first.stderr_tail:
-        detail = f"Last lines of {first.label}'s stderr:\n" + "\n".join(first.stderr_tail)
-    else:
-        detail = f"{first.label[0].upper()}{first.label[1:]} printed nothing to stderr."
-    if not first.shown and first.output_tail:  # its output went to its log only: show the end
-        detail += (f"\n\nLast lines of {first.label}'s output (all of it in "
-                   f"{first.log_path}):\n" + "\n".join(first.output_tail))
-    raise WorkerFailedError(
-        f"{summary[0].upper()}{summary[1:]}\n\n{detail}", summary=summary,
-        worker_index=first.index, num_workers=len(workers), exitcode=first.proc.returncode,
-        remote_traceback=text, remote_exception=exc, other_failures=others,
-        log_path=first.log_path, output_shown=first.shown, output_tail=list(first.output_tail),
-    )
-
-
-def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool) -> str:
-    """How worker `w` failed, e.g. "raised ValueError (exit code 1)"."""
-    code = w.proc.returncode
-    if raised == "StallError":  # the watchdog's verdict, first line, where it was shared
-        verdict = f": {text.splitlines()[0]}" if text else " (its output has the verdict)"
-        return f"was stopped by StallWatchdog (exit code {code}){verdict}"
-    if raised is not None and raised != "SystemExit":
-        return f"raised {raised} (exit code {code})"
-    if code is not None and code < 0:
-        return f"was killed by {describe_exit(code)}"
-    if text is None and expects_result and code == 0:
-        return "exited with code 0 before fn returned"
-    return f"exited with code {code}"

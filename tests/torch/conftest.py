@@ -1,6 +1,6 @@
 """The torch backend's tests: skipped as a whole unless torch is importable and Keras runs on
-torch (`KERAS_BACKEND=torch`). Keras has no distributed `fit` on torch: kmp's callbacks run
-in one process there, and `@kmp.parallelize` refuses to distribute."""
+torch (`KERAS_BACKEND=torch`). One process, and real 2-process jobs over gloo (`helpers`,
+`kmp.launch`, `kmp-launch`, torchrun) against one device."""
 
 from __future__ import annotations
 

@@ -79,10 +79,41 @@ def test_every_callback_runs_in_one_process(tmp_path):
     assert {"step_time/mean_ms", "loss"} <= set(history.history)  # DeviceMetricsLogger's
 
 
-def test_parallelize_refuses_to_distribute_on_torch():
-    with pytest.raises(NotImplementedError, match="no distributed fit on the 'torch' backend"):
-        kmp.parallelize(strategy="mirrored")
-    with pytest.raises(NotImplementedError, match="kmp.simulate_devices"):
-        kmp.simulate_devices(2)
-    with pytest.raises(NotImplementedError, match="keras-team/keras#20753"):
-        kmp.parallelize(strategy="parameter_server")
+@pytest.mark.parametrize("arguments, setting", [
+    ({"strategy": "model_parallel"}, "strategy='model_parallel'"),
+    ({"strategy": "hybrid"}, "strategy='hybrid'"),
+    ({"strategy": "model_parallel", "layout_map": object()}, "layout_map"),
+    ({"micro_batches": 2}, "micro_batches"),
+    ({"devices": ["GPU:0", "GPU:1"]}, "devices"),
+    ({"strategy": "parameter_server"}, "strategy='parameter_server'"),
+    ({"variable_partitioner": "auto", "max_shards": 2}, "variable_partitioner"),
+])
+def test_what_torch_cannot_run_alike_is_refused_at_the_decorator(arguments, setting):
+    with pytest.raises(ValueError, match=setting.replace("(", r"\(")) as caught:
+        kmp.parallelize(**arguments)
+    assert "torch backend" in str(caught.value)
+    if "parameter_server" in setting or "partitioner" in setting:
+        assert "KERAS_BACKEND=tensorflow" in str(caught.value)
+    if "model_parallel" in setting or "hybrid" in setting or "layout_map" in setting:
+        assert "keras-team/keras#23418" in str(caught.value)
+        assert "KERAS_BACKEND=jax" in str(caught.value)
+
+
+def test_a_tensorflow_strategy_object_is_refused_naming_the_backend():
+    class MirroredStrategy:  # what tf.distribute.MirroredStrategy() would be
+        pass
+
+    with pytest.raises(ValueError, match="tf.distribute.*torch backend.*strategy='auto'"):
+        kmp.parallelize(strategy=MirroredStrategy())
+
+
+def test_one_process_with_several_gpus_trains_on_one_and_says_how_to_use_all(monkeypatch):
+    from keras_mgpu_plugins.backends.torch import devices
+
+    monkeypatch.setattr(devices, "local_device_names", lambda: ("GPU:0", "GPU:1"))
+    monkeypatch.setattr(devices, "device_name", lambda: "GPU:0")
+    with pytest.warns(UserWarning, match="kmp-launch -n 2 train.py"):
+        assert kmp.parallelize(lambda: "model")() == "model"
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
+        kmp.parallelize(strategy="mirrored")(lambda: "model")()
+    assert kmp.parallelize(strategy="default")(lambda: "model")() == "model"

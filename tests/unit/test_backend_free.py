@@ -16,7 +16,8 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "keras_mgpu_plugins"
 
 #: The folders that must stay backend-free, and the top-level modules outside them.
-FOLDERS = ("callbacks", "samplers", "integrations", "launch", "runtime", "cluster", "io")
+FOLDERS = ("callbacks", "samplers", "integrations", "launch", "runtime", "cluster", "io",
+           "inputs")
 #: Top-level modules kept as the old public paths of modules moved under
 #: `backends/tensorflow/` (documented re-exports of the same module objects).
 SHIMS = {"strategy.py", "collective.py", "multi_gpu.py"}

@@ -60,21 +60,3 @@ def test_a_backend_without_distributed_fit_refuses_to_distribute():
     assert lines[2].startswith("Keras has no distributed fit on the 'numpy' backend")
     assert lines[3] == "True True"
     assert lines[4].startswith("kmp.simulate_devices(2) splits a device")
-
-
-def test_torch_with_several_gpus_is_refused(monkeypatch):
-    import types
-
-    from keras_mgpu_plugins.backends import single
-
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True,
-                                                            device_count=lambda: 2))
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(single, "_backend", lambda: "torch")
-    options = {"devices": None, "require_compiled": True, "micro_batches": None,
-               "sync_batchnorm": False}
-    with pytest.raises(NotImplementedError, match=r"'torch' backend.* 2 local device\(s\)"):
-        single.parallelize_factory(lambda: "model", strategy="auto", **options)
-    assert single.parallelize_factory(lambda: "model", strategy="default", **options)() == "model"
-    fake.cuda.device_count = lambda: 1
-    assert single.parallelize_factory(lambda: "model", strategy="auto", **options)() == "model"

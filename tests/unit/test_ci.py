@@ -121,3 +121,24 @@ def test_pip_is_given_the_checked_range_of_keras_and_tensorflow(library):
     assert bounds[">="] == Version(floor)
     ranges = [p for p in PATCHES if p.library == library]
     assert max(Version(p.max_version) for p in ranges) == bounds["<"]
+
+
+def test_torch_lane_runs_the_readmes_subset_without_tensorflow_or_jax():
+    section = README.split("The torch lane's tests", 1)[1]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    install, pytest_command = [line for line in block.replace("\\\n", " ").strip().splitlines()]
+    assert install == f'pip install {ci_array_value("TORCH_PIN")} && pip install -e ".[torch,test,examples]"'
+    assert shlex.split(pytest_command) == ["KERAS_BACKEND=torch", "python", "-m", "pytest", "-q",
+                                           "-p", "no:cacheprovider", *ci_array("TORCH_SUBSET")]
+    assert 'python -m pip install --quiet "$TORCH_PIN"' in CI
+    assert 'python -m pip install --quiet -e ".[torch,test,examples]"' in CI
+    assert "export KERAS_BACKEND=torch" in CI and '"${TORCH_SUBSET[@]}"' in CI
+    assert '"$0" torch ||' in CI  # part of `all`
+    for path in ci_array("TORCH_SUBSET"):
+        assert (ROOT / path).exists(), path
+
+
+def ci_array_value(name: str) -> str:
+    match = re.search(rf'^{name}="([^"]*)"$', CI, re.M)
+    assert match, f".ci/run defines no {name}=..."
+    return match.group(1)

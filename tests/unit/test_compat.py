@@ -82,8 +82,8 @@ class Recorder(keras.callbacks.Callback):
 def test_every_private_use_is_there_in_the_installed_keras(use):
     """On a release CI runs, in its checked range; on a pre-release (the canary's nightly),
     outside it by policy: still used where its check passes, with one warning."""
-    if use.library == "jax":
-        pytest.importorskip("jax")
+    if use.library in ("jax", "torch"):
+        pytest.importorskip(use.library)
     assert use.check() == []
     version = _keras_private.library_version(use.library)
     if not prerelease(use.library):
@@ -103,7 +103,7 @@ def test_every_private_use_has_a_behaviour_test_here():
 
 def test_the_table_states_its_range():
     assert _keras_private.CHECKED_BELOW == {"keras": "3.16.0", "tensorflow": "2.22.0",
-                                            "jax": "0.12.0"}
+                                            "jax": "0.12.0", "torch": "2.14.0"}
     for use in compat.PRIVATE_USES:
         assert use.max_version == _keras_private.CHECKED_BELOW[use.library]
         assert use.applies_to(use.min_version) and not use.applies_to(use.max_version)
@@ -972,3 +972,33 @@ def test_use_distributed_input_lib():
     from tensorflow.python.distribute import input_lib
 
     assert callable(input_lib.DistributedIterator.get_next_as_optional)
+
+
+# --- the torch lane's uses (their behaviour in a real job: tests/torch) ---------------------
+
+
+def test_use_torch_default_store():
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    store = dist.HashStore()  # the store type behind a default group's is the same interface
+    store.set("kmp/calls/0/0", "fit")
+    assert store.check(["kmp/calls/0/0"]) and not store.check(["kmp/calls/0/1"])
+    from keras_mgpu_plugins.compat import _torch
+
+    assert callable(_torch.default_store)
+
+
+def test_use_batchnorm_moments():
+    layer = keras.layers.BatchNormalization()
+    layer.build((None, 3, 4))
+    assert list(layer._reduction_axes) == [0, 1]
+    mean, variance = layer._moments(np.ones((2, 3, 4), "float32"), None)
+    assert tuple(mean.shape) == tuple(variance.shape) == (4,)
+
+
+def test_use_torch_upstream_ddp():
+    from keras_mgpu_plugins.compat import _torch
+
+    expected = keras.backend.backend() == "torch" and "dev" in keras.__version__
+    assert _torch.keras_has_upstream_ddp() is expected  # releases up to 3.15: none

@@ -46,7 +46,10 @@ def test_every_record_says_what_why_where_and_for_which_versions():
         assert p.applies_to(p.installed_version()) is not prerelease(p.library), p.name
         # a patch in force replaced what its check reads: it was there when it was applied
         assert p.name in _compat_patches._applied or p.present() is True, p.name
-        assert not (p.kind == "feature" and p.changes_results), p.name
+        # a feature changes results only where it is kmp's data parallelism on a Keras that
+        # has none (torch, Keras 3.10 to 3.15): those fail closed like the workarounds
+        assert not (p.kind == "feature" and p.changes_results) or p.name.startswith("torch_"), \
+            p.name
 
 
 def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_table():
@@ -60,14 +63,17 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
     assert set(shared) == {"_maybe_symbolic_build", "_make_function", "_backend_apply_gradients",
                            "_all_reduce_sum_gradients", "_get_iterator", "fit", "evaluate",
                            "predict", "compile", "compile (instance)", "train_on_batch",
-                           "test_on_batch", "predict_on_batch"}
+                           "test_on_batch", "predict_on_batch", "train_step (instance)",
+                           "predict_step (instance)"}
     assert shared["fit"] == ["parameter_server_methods", "chief_only_progress_bars",
                              "stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
-                             "jax_inputs_as_on_one_device", "same_calls_on_every_worker"]
+                             "jax_inputs_as_on_one_device", "same_calls_on_every_worker",
+                             "torch_one_model_per_job"]
     assert shared["evaluate"] == shared["predict"] == ["parameter_server_methods",
                                                        "chief_only_progress_bars",
                                                        "jax_inputs_as_on_one_device",
-                                                       "same_calls_on_every_worker"]
+                                                       "same_calls_on_every_worker",
+                                                       "torch_one_model_per_job"]
     assert shared["train_on_batch"] == ["parameter_server_methods", "jax_inputs_as_on_one_device"]
     assert shared["compile"] == ["compile_in_model_strategy_scope",
                                  "compile_adopts_state_made_outside",

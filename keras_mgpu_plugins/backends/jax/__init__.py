@@ -137,3 +137,9 @@ def host_value(variable: Any) -> Any:
     from keras_mgpu_plugins.backends.jax.values import host_value as read
 
     return read(variable)
+
+
+def joined() -> None:
+    """The job this process joined by the script's own means, `(rank, count)` (torch's process
+    group only: on this backend the environment and the strategy say it, `None`)."""
+    return None

@@ -1,4 +1,4 @@
-"""Keras backends without a distributed `fit` (torch, numpy): one process, one device.
+"""Keras backends without a distributed `fit` (numpy): one process, one device.
 
 Every callback works here (the runtime is the single-process identity); distributing
 raises, naming what to use instead.
@@ -141,3 +141,9 @@ def serve_parameter_server(topology: Any) -> None:
         f"the TensorFlow backend only (for JAX it is a Keras proposal, keras-team/keras#20753); "
         f"this is the {_backend()!r} backend. Use KERAS_BACKEND=tensorflow, or remove the "
         '"ps" tasks.')
+
+
+def joined() -> None:
+    """The job this process joined by the script's own means, `(rank, count)` (torch's process
+    group only: on this backend the environment and the strategy say it, `None`)."""
+    return None

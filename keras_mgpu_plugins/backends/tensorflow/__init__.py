@@ -103,3 +103,9 @@ def serve_parameter_server(topo: Any) -> None:
     from keras_mgpu_plugins.backends.tensorflow.parameter_server.cluster import serve
 
     serve(topo)
+
+
+def joined() -> None:
+    """The job this process joined by the script's own means, `(rank, count)` (torch's process
+    group only: on this backend the environment and the strategy say it, `None`)."""
+    return None

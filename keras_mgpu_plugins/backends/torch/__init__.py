@@ -1,0 +1,123 @@
+"""The torch backend: one process per device, data parallel over torch's process group.
+
+Keras 3.10 to 3.15 have no data parallelism in `fit` on torch; keras-nightly 3.16.0.dev
+wraps the model in `DistributedDataParallel` where a process group exists
+(keras-team/keras#23316). kmp joins the job's process group (torchrun's variables,
+`kmp-launch`, SLURM), makes every callback rank-aware through `TorchRuntime`, and, for the
+models `@kmp.parallelize` builds, feeds each process its part of every global batch and
+keeps one model: upstream's DDP where Keras has it, kmp's own gradient averaging where it
+does not (`backends.torch.parallelize`). A model it did not build, in a job whose Keras
+would train one model per process, is refused at `fit` (`guard`).
+
+The functions below are what the backend-free package asks of a backend
+(`keras_mgpu_plugins.backends.current()`); each imports torch only when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def runtime_of(model: Any = None) -> Any:
+    """The runtime of this torch process: its rank in the process group (or the environment's
+    plan before one exists). A model that would train apart on each process is refused."""
+    from keras_mgpu_plugins.backends.torch.runtime import TorchRuntime
+
+    runtime = TorchRuntime()
+    if model is not None and runtime.rank().num_workers > 1:
+        from keras_mgpu_plugins.backends.torch import guard
+
+        guard.check_trains_together(model)
+    return runtime
+
+
+def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
+    """One device per process on torch: several devices are several processes."""
+    if n == 1:
+        return ["CPU:0"]
+    raise NotImplementedError(
+        f"kmp.simulate_devices({n}) splits one process's device, but Keras on torch trains on "
+        f"one device per process: {n} devices are {n} processes. Run the script as "
+        f"`kmp-launch -n {n} train.py` (or `torchrun --nproc-per-node {n} train.py`): on a "
+        f"machine without GPUs each process trains on the CPU, over gloo, and @kmp.parallelize "
+        "makes them one model.")
+
+
+def local_device_names() -> tuple[str, ...]:
+    """The device this process trains on (`GPU:<LOCAL_RANK>` in a job), or every GPU torch
+    sees in one process, or `("CPU:0",)`."""
+    from keras_mgpu_plugins.backends.torch.devices import local_device_names as names
+
+    return names()
+
+
+def gpu_memory() -> Any:
+    """This process's GPU and `torch.cuda`'s allocator statistics (`samplers.gpu.GPUMemory`)."""
+    from keras_mgpu_plugins.backends.torch.devices import gpu_memory as memory
+
+    return memory()
+
+
+def read_variable(variable: Any) -> Any:
+    """A host copy of a Keras variable's values (torch updates variables in place)."""
+    from keras_mgpu_plugins.backends.torch.replica_copies import host_value as read
+
+    return read(variable)
+
+
+def host_value(variable: Any) -> Any:
+    """`variable`'s whole value as a NumPy array, as `get_weights()` gives it."""
+    return variable.numpy()
+
+
+def remote_files() -> Any:
+    """Remote paths need TensorFlow's file systems, which the torch lane does not load."""
+    from keras_mgpu_plugins.backends import single
+
+    return single.remote_files()
+
+
+def summary_writer(logdir: str) -> Any:
+    """TensorBoard event files need TensorFlow's writer, which the torch lane does not load."""
+    from keras_mgpu_plugins.backends import single
+
+    return single.summary_writer(logdir)
+
+
+def parallelize_factory(factory: Any, *, strategy: Any, devices: Any, require_compiled: bool,
+                        micro_batches: Any, sync_batchnorm: bool, layout_map: Any = None,
+                        partition: Any = None) -> Any:
+    """`kmp.parallelize` over torch's process group (see `backends/torch/parallelize.py`)."""
+    from keras_mgpu_plugins.backends.torch.parallelize import parallelize_torch
+
+    return parallelize_torch(factory, strategy, devices, require_compiled, micro_batches,
+                             sync_batchnorm, layout_map, partition)
+
+
+def join_job() -> None:
+    """Joins the job's process group before any user code (`kmp-launch` workers,
+    `python -m keras_mgpu_plugins.run`)."""
+    from keras_mgpu_plugins.backends.torch.group import initialize
+
+    initialize()
+
+
+def serve_parameter_server(topology: Any) -> None:
+    """Parameter servers are TensorFlow's: refused on torch."""
+    raise NotImplementedError(
+        'TF_CONFIG describes a parameter-server cluster (task type "ps"), which Keras trains on '
+        "the TensorFlow backend only; this is the 'torch' backend. Use KERAS_BACKEND=tensorflow, "
+        'or remove the "ps" tasks (torch data parallelism: kmp-launch -n N, or torchrun).')
+
+
+def joined() -> tuple[int, int] | None:
+    """`(rank, world size)` of a torch process group of several processes, started by
+    whoever (the script's own `init_process_group` included); `None` without one."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:
+        return None
+    from keras_mgpu_plugins.backends.torch import collectives
+
+    index, count = collectives.world()
+    return (index, count) if count > 1 else None
