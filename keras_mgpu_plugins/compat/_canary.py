@@ -36,6 +36,7 @@ class CanaryRun:
         jax: The JAX version of the JAX-only environment.
         tensorflow_subset: pytest's summary of CI's compatibility subset there.
         jax_subset: pytest's summary of the JAX job's tests there.
+        torch_subset: pytest's summary of the torch lane's tests there.
     """
 
     date: str
@@ -44,15 +45,19 @@ class CanaryRun:
     jax: str
     tensorflow_subset: str
     jax_subset: str
+    torch: str
+    torch_subset: str
 
     def summary(self) -> str:
         return (f"{self.date}, keras-nightly {self.keras} with TensorFlow {self.tensorflow}: "
-                f"{self.tensorflow_subset}; with JAX {self.jax}: {self.jax_subset}")
+                f"{self.tensorflow_subset}; with JAX {self.jax}: {self.jax_subset}; with torch "
+                f"{self.torch}: {self.torch_subset}")
 
 
 LAST_RUN = CanaryRun(
     date="2026-11-28", keras="3.16.0.dev2026102704", tensorflow="2.21.0", jax="0.10.2",
-    tensorflow_subset="266 passed, 4 skipped, 1 deselected", jax_subset="143 passed, 2 skipped",
+    tensorflow_subset="279 passed, 8 skipped, 1 deselected", jax_subset="180 passed, 15 skipped",
+    torch="2.13.0", torch_subset="67 passed",
 )
 
 _TRAINER = "it wraps the TensorFlow trainer, renamed Trainer there"

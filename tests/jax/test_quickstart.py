@@ -21,12 +21,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
 
 
 def test_the_quickstart_trains_on_two_devices_without_a_warning(tmp_path):
+    """No warning at all on a released Keras. On a pre-release (the canary's keras-nightly)
+    kmp says once per private use and per patch that it runs outside the checked range (the
+    policy of `KMP_ALLOW_UNCHECKED_VERSIONS`): those, and only those, are expected there."""
+    import keras
+    from packaging.version import Version
+
+    prerelease = Version(keras.__version__).is_prerelease
     done = subprocess.run(
-        [sys.executable, "-W", "error::UserWarning", "examples/quickstart.py", "--quick",
-         "--out", str(tmp_path)],
+        [sys.executable, *([] if prerelease else ["-W", "error::UserWarning"]),
+         "examples/quickstart.py", "--quick", "--out", str(tmp_path)],
         cwd=helpers.ROOT, env=helpers.environment(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Training on 2 replicas (Keras backend: jax), global batch 64" in done.stdout
-    assert "Warning" not in done.stderr, done.stderr[-3000:]
+    unchecked = ("so it is used", "outside the versions these patches were checked for")
+    warned = [line for line in done.stderr.splitlines() if "Warning" in line
+              and not (prerelease and any(text in line for text in unchecked))]
+    assert warned == [], done.stderr[-3000:]
     assert "samples/s (" in done.stdout and "- samples/s" not in done.stdout  # rows counted
     assert (tmp_path / "best.keras").is_file()

@@ -116,5 +116,6 @@ def test_the_canary_record_has_every_patch_and_is_the_readmes():
     assert Version(run.keras).is_prerelease and run.date[:4].isdigit()
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Tested versions"):]
-    for value in (run.date, f"keras-nightly {run.keras}", run.tensorflow_subset, run.jax_subset):
+    for value in (run.date, f"keras-nightly {run.keras}", run.tensorflow_subset, run.jax_subset,
+                  f"torch {run.torch}", run.torch_subset):
         assert value in section, value
