@@ -94,6 +94,7 @@ def test_what_torch_cannot_run_alike_is_refused_at_the_decorator(arguments, sett
     assert "torch backend" in str(caught.value)
     if "parameter_server" in setting or "partitioner" in setting:
         assert "KERAS_BACKEND=tensorflow" in str(caught.value)
+        assert "keras-team/keras#20753" in str(caught.value)
     if "model_parallel" in setting or "hybrid" in setting or "layout_map" in setting:
         assert "keras-team/keras#23418" in str(caught.value)
         assert "KERAS_BACKEND=jax" in str(caught.value)

@@ -76,8 +76,10 @@ def check_arguments(strategy: Any, devices: Any, micro_batches: Any, layout_map:
         raise ValueError(
             f"{setting} is TensorFlow's parameter-server training (tf.distribute's "
             "ParameterServerStrategy, variable_partitioner); Keras has none on the torch "
-            "backend. Use KERAS_BACKEND=tensorflow for parameter servers, or strategy='auto' "
-            "(data parallel over the processes: kmp-launch -n N, torchrun --nproc-per-node N).")
+            "backend (beyond TensorFlow it is a Keras proposal, keras-team/keras#20753). Use "
+            "KERAS_BACKEND=tensorflow for parameter servers, or strategy='multi_worker' / "
+            "'auto' (data parallel over the processes: kmp-launch -n N, torchrun "
+            "--nproc-per-node N).")
     if not isinstance(strategy, str):
         raise ValueError(
             "A strategy object is TensorFlow's (tf.distribute) and does not apply on the torch "
