@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -44,3 +46,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signal_handlers_put_back():
+    """Each test ends with the stop signals' handlers it began with, none armed: a `fit` with
+    `BackupAndRestore` that raised (what many tests provoke) leaves kmp's handlers set until
+    that callback's next `fit`, and a later test's SIGTERM would be taken for a stop request."""
+    import signal
+
+    signums = [s for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)]
+    before = {s: signal.getsignal(s) for s in signums}
+    yield
+    from keras_mgpu_plugins import _stop_signals
+
+    _stop_signals.disarm()
+    for s, handler in before.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)

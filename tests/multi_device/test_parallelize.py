@@ -84,7 +84,7 @@ def test_unknown_strategy_name_fails_at_decoration():
         kmp.parallelize(strategy="mirror")
     assert str(info.value) == (
         "strategy must be one of ['auto', 'mirrored', 'multi_worker', 'default', "
-        "'model_parallel', 'hybrid'] or a tf.distribute.Strategy instance. "
+        "'parameter_server', 'model_parallel', 'hybrid'] or a tf.distribute.Strategy instance. "
         "Received: strategy='mirror'")
     with pytest.raises(TypeError, match="Did you mean parallelize"):
         kmp.parallelize("mirrored")
@@ -104,7 +104,8 @@ def test_a_strategy_class_or_other_object_fails_at_decoration():
                                          r"type\. Did you mean MirroredStrategy\(\)"):
         kmp.parallelize(strategy=tf.distribute.MirroredStrategy)
     with pytest.raises(ValueError, match=r"one of \['auto', 'mirrored', 'multi_worker', "
-                                         r"'default', 'model_parallel', 'hybrid'\] .* "
+                                         r"'default', 'parameter_server', 'model_parallel', "
+                                         r"'hybrid'\] .* "
                                          r"Received: strategy=2 of type int"):
         kmp.parallelize(strategy=2)
 
