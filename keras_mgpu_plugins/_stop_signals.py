@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -126,9 +127,13 @@ def install(signums: Iterable[int]) -> Callable[[], None] | None:
 
 def arm() -> None:
     """A `fit` that saves at a stop signal begins: signals are requests from now on (one
-    received before, and not acted on, is kept: that `fit` stops before its first step)."""
+    received before, and not acted on, is kept: that `fit` stops before its first step).
+
+    Armed from inside a `fit` (`BackupAndRestore.on_train_begin`), a signal that finds the
+    main thread outside any `fit` is no request: that `fit` raised (Keras then calls no
+    `on_train_end`), and the signal stops the process as unarmed."""
     with _lock:
-        _state["armed"] = True
+        _state["armed"], _state["armed_in_fit"] = True, _in_fit(sys._getframe(1))
 
 
 def disarm() -> None:
@@ -172,12 +177,26 @@ def _hard_stop() -> bool:
     return bool(job_dir) and os.path.exists(os.path.join(job_dir, HARD_STOP))
 
 
+def _in_fit(frame: Any) -> bool:
+    """Whether the interrupted main thread is inside a `fit` (Keras's or kmp's loop)."""
+    while frame is not None:
+        if (frame.f_code.co_name == "fit"
+                and str(frame.f_globals.get("__name__", "")).startswith("keras")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _handle(signum: int, frame: Any) -> None:
     if _hard_stop():  # the launcher stops its workers itself: end as the signal would
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     with _lock:
+        if (_state["armed"] and _state.get("armed_in_fit") and frame is not None
+                and not _in_fit(frame)):
+            # a fit that raised (no on_train_end) left it armed: no fit will act on a request
+            _state["armed"], _state["request"], _state["repeats"] = False, None, 0
         armed, first = _state["armed"], _state["request"] is None
         if armed and first:
             _state["request"] = Request(signum, name(signum), time.time())

@@ -210,3 +210,20 @@ def test_at_an_epochs_last_batch_the_stop_waits_for_its_end(tmp_path, uninterrup
     resumed = fit(build(), [BackupAndRestore(folder), seen])
     assert seen.trained[0] == (2, 0)
     np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+def test_after_a_fit_that_raised_a_stop_signal_stops_the_process_as_unarmed(tmp_path):
+    """Keras calls no on_train_end when fit raises: kmp's handlers stay set and armed. A
+    SIGTERM then (outside any fit) must not be taken for a stop request that no fit will
+    act on (the process would ignore it until SIGKILL): it stops as unarmed, saying so."""
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        fit(build(), [BackupAndRestore(str(tmp_path / "backup")), Boom()])
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # left set, as Keras leaves it
+    with pytest.raises(TrainingStopped, match="nothing was saved") as stopped:
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stopped.value.code == 128 + signal.SIGTERM and _stop_signals.requested() is None
