@@ -1,6 +1,6 @@
 """The order in which kmp feeds the running `fit` its rows, where kmp feeds it itself.
 
-kmp's own feeding of arrays (JAX, several processes: `backends.jax.batches.global_batches`)
+kmp's own feeding of arrays (several processes: `inputs.batches.global_batches`)
 draws one permutation of the global rows per pass over the data, from a seed the processes
 share and the pass's number. The feeding of a `fit` that shuffles registers itself here
 (`register`); `kmp.callbacks.BackupAndRestore` records its `state()` at each epoch's start

@@ -10,7 +10,7 @@ count too). The backup's metadata (`BackupState.training`, JSON) adds:
 - `numpy_rng`: NumPy's global random state at the start of the epoch to resume: Keras
   draws its shuffle of arrays (JAX, one process) from it at each epoch's start;
 - `data_order`: the state of kmp's own shuffled feeding at that epoch's start
-  (`_data_order`: JAX, several processes), so the resumed epochs see the rows in the
+  (`_data_order`: several processes, JAX or torch), so the resumed epochs see the rows in the
   order of the uninterrupted run whatever seed the new `fit` drew;
 - `structure`: the model's weights (path, shape) and its optimizer (class, variables):
   a backup of another model or optimizer is refused with `BackupMismatchError` before
@@ -160,7 +160,7 @@ def check_world(saved: dict[str, Any] | None, replicas: int, workers: int, steps
 def check_data_order(saved: dict[str, Any], backup_dir: str) -> None:
     """Raises where the resumed `fit` cannot feed the rows in the backup's order.
 
-    kmp shuffles the global rows itself on several JAX processes (`_data_order`), Keras
+    kmp shuffles the global rows itself on several processes (`_data_order`), Keras
     shuffles them its own way in one process: a backup of one resumes in the other's order.
 
     Raises:

@@ -2,7 +2,9 @@
 
 The rows of each pass are in one order on every process (`shuffle` mode: none, a
 permutation the processes share, a new one each pass: `inputs.shuffle`); each global
-batch of `batch` rows is cut by the backend's `Sharing` (`rows`, `deliver`).
+batch of `batch` rows is cut by the backend's `Sharing` (`rows`, `deliver`). A shuffled
+order is recorded and restored by `kmp.callbacks.BackupAndRestore` (`_data_order`), so a
+resumed `fit` sees the rows in the order the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_mgpu_plugins import _data_order
 from keras_mgpu_plugins.inputs import shuffle
 
 
@@ -40,6 +43,14 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
         def __len__(self) -> int:
             return self.num_batches
 
+        def state(self) -> dict:  # `_data_order`: resumed by BackupAndRestore
+            return {"seed": seed, "passes": self.passes, "rows": total, "mode": str(mode)}
+
+        def restore(self, state: dict) -> None:
+            nonlocal seed
+            if state.get("rows") == total and state.get("mode") == str(mode):
+                seed, self.passes = int(state["seed"]), int(state["passes"])
+
         def __getitem__(self, i: int) -> tuple:
             if i == 0:
                 self.passes += 1
@@ -54,4 +65,7 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
                           for a in present)
             return sharing.deliver(taken, len(positions), sharing.span(len(positions)) is None)
 
-    return GlobalBatches()
+    feeding = GlobalBatches()
+    # a shuffled order BackupAndRestore records and restores (`_data_order`); fit's x last
+    _data_order.register(feeding if mode else None)
+    return feeding

@@ -29,6 +29,8 @@ class Sharing:
 
     #: What the pieces are spread over, for messages.
     over = "processes"
+    #: The compat feature that lets a batch that does not split be fed whole (messages).
+    feature = ""
 
     def __init__(self, runtime: Any, partial: bool = True) -> None:
         rank = runtime.rank()
@@ -76,11 +78,12 @@ class Sharing:
     def check_rows(self, count: int, what: str) -> None:
         """Raises where a batch of `count` rows can be neither split nor fed whole."""
         if not self.partial and count % self.divisor():
+            feature = f": {self.feature}" if self.feature else ""
             raise ValueError(
                 f"{what}: a batch of {count} rows does not divide over the {self.divisor()} "
                 f"{self.over}, and the installed Keras does not let kmp feed such a batch "
-                f"whole (kmp.compat.report()). Use batches whose rows are a multiple of "
-                f"{self.divisor()}.")
+                f"whole (kmp.compat.report(){feature}). Use batches whose rows are a "
+                f"multiple of {self.divisor()}.")
 
     def warn_if_never_divides(self, batch_size: int, method: str) -> None:
         """Called once per call with the global `batch_size`, where batches are fed whole."""

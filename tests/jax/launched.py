@@ -63,13 +63,13 @@ def shuffled_fit(mode, optimizer: str = "sgd") -> dict:
     import keras
 
     import keras_mgpu_plugins as kmp
-    from keras_mgpu_plugins.backends.jax import shuffle
+    from keras_mgpu_plugins.inputs import shuffle
 
     fed, seeds = [], []
     draw, real = shuffle.agreed_seed, shuffle.epoch_order
 
-    def agreed_seed() -> int:
-        seeds.append(draw())
+    def agreed_seed(runtime) -> int:
+        seeds.append(draw(runtime))
         return seeds[-1]
 
     def epoch_order(*args):

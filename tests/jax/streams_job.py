@@ -189,7 +189,7 @@ def check_cost(steps: int = 400) -> dict:
     """Seconds of fit over `steps` batches of a PyDataset: each batch compared ("every"),
     kmp's grouping ("grouped"), no comparison ("none")."""
     import keras_mgpu_plugins as kmp
-    from keras_mgpu_plugins.backends.jax import streams
+    from keras_mgpu_plugins.inputs import streams
 
     x, y = data(steps * BATCH)
     built = kmp.parallelize(model)("sgd")

@@ -110,6 +110,6 @@ def test_inputs_kmp_cannot_split_are_refused_on_several_processes(runs):
         assert str(results["error_shuffle"]) == "no error"  # one shuffle shared (test_shuffle.py)
         assert "list_iterator" in str(results["error_iterator"])  # generators: test_streams.py
         assert "numpy arrays" in str(results["error_iterator"])
-        assert "PyDataset, generator, tf.data.Dataset or grain" in str(results["error_iterator"])
+        assert "PyDataset, generator, tf.data.Dataset, grain dataset" in str(results["error_iterator"])
     # one process: Keras assembles every global batch itself (its own shuffle), nothing to refuse
     assert str(runs["devices"]["error_shuffle"]) == "no error"

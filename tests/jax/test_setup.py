@@ -8,12 +8,13 @@ import os
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.backends.jax import data, distribution
+from keras_mgpu_plugins.backends.jax import distribution
+from keras_mgpu_plugins.inputs import shuffle
 from tests.jax import helpers
 
 
 def test_each_process_gets_its_share_of_every_global_batch():
-    rows = [data.share_rows(20, 8, 2, p).tolist() for p in range(2)]
+    rows = [shuffle.share_rows(20, 8, 2, p).tolist() for p in range(2)]
     assert rows == [[0, 1, 2, 3, 8, 9, 10, 11, 16, 17], [4, 5, 6, 7, 12, 13, 14, 15, 18, 19]]
     assert sorted(rows[0] + rows[1]) == list(range(20))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.backends.jax import shuffle
+from keras_mgpu_plugins.inputs import shuffle
 from tests.jax import helpers, launched
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.timeout(240)]

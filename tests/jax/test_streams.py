@@ -99,4 +99,4 @@ def test_inputs_kmp_cannot_split_name_what_to_pass(errors):
         refused = found["refusals"]
         assert "use_multiprocessing=False" in refused["multiprocessing"]
         assert "list_iterator" in refused["iterator"]
-        assert "PyDataset, generator, tf.data.Dataset or grain" in refused["iterator"]
+        assert "PyDataset, generator, tf.data.Dataset, grain dataset" in refused["iterator"]

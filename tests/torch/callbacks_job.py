@@ -199,8 +199,9 @@ def main_job(folder):
     return results
 
 
-def backup_job(folder, kill_epoch=None):
-    """BackupAndRestore; `kill_epoch`: process 1 SIGKILLs itself at that epoch's 2nd batch."""
+def backup_job(folder, kill_epoch=None, seed=7):
+    """BackupAndRestore of a shuffled fit; `kill_epoch`: process 1 SIGKILLs itself at that
+    epoch's 2nd batch (the resumed epochs must see the rows in the uninterrupted order)."""
     import signal
 
     import keras
@@ -225,7 +226,8 @@ def backup_job(folder, kill_epoch=None):
     run = Run()
     model = kmp.parallelize(build)()
     x, y = data()
-    model.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0,
+    keras.utils.set_random_seed(seed)  # a resumed run draws another shuffle: the saved one wins
+    model.fit(x, y, batch_size=BATCH, epochs=5, shuffle=True, verbose=0,
               callbacks=[BackupAndRestore(folder), run])
     return {"weights": model.get_weights(), "epochs": run.epochs, "writes": sorted(set(writes))}
 

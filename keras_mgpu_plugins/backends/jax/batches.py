@@ -12,11 +12,11 @@ can see a row that is not there. The cost is that batch's work done on every
 device: nothing for a last batch, all of the speed-up when `batch_size` itself
 does not divide (kmp warns then).
 
-`piece` gives a process its part of a global batch: rows `[p*b, (p+1)*b)` where
-the batch divides over the axis, else the whole batch as a replicated global
-`jax.Array`; `distribute` (the patch `jax_partial_batches_replicated` on Keras's
-`_distribute_data`) passes such an array on as it is, and replicates a batch
-that does not divide in a single process.
+A process's part of a global batch (`backends.jax.feeding`, over `inputs`) is its
+rows where the batch divides over the axis, else the whole batch as a replicated
+global `jax.Array` (`replicated`); `distribute` (the patch
+`jax_partial_batches_replicated` on Keras's `_distribute_data`) passes such an array
+on as it is, and replicates a batch that does not divide in a single process.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import warnings
 from typing import Any
 
 import numpy as np
+
+from keras_mgpu_plugins.inputs.streams import rows_of
 
 #: Marks the distributions kmp made or adopted: only their batches are laid out here.
 KMP_OWNED = "_kmp_owned"
@@ -48,32 +50,8 @@ def axis_size(distribution: Any) -> int:
     return int(mesh.shape[list(mesh.axis_names).index(distribution.batch_dim_name)])
 
 
-def rows(batch: Any) -> int:
-    """The rows of `batch`'s arrays (-2 when they differ, 0 when it holds none)."""
-    import keras
-
-    sizes = {int(a.shape[0]) for a in keras.tree.flatten(batch) if _is_array(a)}
-    return sizes.pop() if len(sizes) == 1 else 0 if not sizes else -2
-
-
 def divides(count: int, distribution: Any) -> bool:
     return count % axis_size(distribution) == 0
-
-
-def piece(batch: Any, distribution: Any) -> Any:
-    """This process's part of the global `batch` (every process holds it whole): its rows
-    `[p*b, (p+1)*b)` where the batch divides over the batch axis, else the whole batch,
-    replicated on every device (a global `jax.Array`)."""
-    import jax
-    import keras
-
-    count = rows(batch)
-    if not divides(count, distribution):
-        return replicated(batch, distribution)
-    size = count // jax.process_count()
-    start = jax.process_index() * size
-    return keras.tree.map_structure(
-        lambda a: a[start:start + size] if _is_array(a) else a, batch)
 
 
 def replicated(batch: Any, distribution: Any) -> Any:
@@ -140,7 +118,7 @@ def distribute(original: Any, data: Any, layouts: Any = None, **kwargs: Any) -> 
     placed = any(isinstance(a, jax.Array) and not a.is_fully_addressable for a in leaves) or (
         jax.process_count() == 1 and any(_replicated_on(a, distribution) for a in leaves))
     if placed or (jax.process_count() == 1 and leaves
-                  and not divides(rows(data), distribution)):
+                  and not divides(rows_of(data), distribution)):
         return replicated(data, distribution)
     return original(data, layouts, **kwargs)
 
@@ -156,70 +134,3 @@ def _replicated_on(a: Any, distribution: Any) -> bool:
 
 def _is_array(value: Any) -> bool:
     return bool(getattr(value, "shape", ()))
-
-
-def global_batches(arrays: tuple, batch: int, mode: Any, distribution: Any) -> Any:
-    """A `keras.utils.PyDataset` of this process's `piece` of every global batch of `arrays`
-    (`(x, y, sample_weight)`, global, `None` where absent), the rows in one order per pass:
-    `mode` is fit's `shuffle` (`False`: in order; `True`, `"batch"`: a permutation the
-    processes share, a new one each pass, `backends.jax.shuffle`)."""
-    import keras
-
-    from keras_mgpu_plugins import _data_order
-    from keras_mgpu_plugins.backends.jax import shuffle
-
-    total = int(keras.tree.flatten(arrays[0])[0].shape[0])
-    present = tuple(a for a in arrays if a is not None)
-    seed = shuffle.agreed_seed() if mode else None
-
-    class GlobalBatches(keras.utils.PyDataset):
-        """This process's pieces of the global batches of one order of the rows per pass."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.passes = 0  # batch 0 asked for: a new pass over the data (a new order)
-            self.order = np.arange(total)
-
-        @property
-        def num_batches(self) -> int:
-            return -(-total // batch)
-
-        def __len__(self) -> int:
-            return self.num_batches
-
-        def state(self) -> dict:  # `_data_order`: resumed by BackupAndRestore
-            return {"seed": seed, "passes": self.passes, "rows": total, "mode": str(mode)}
-
-        def restore(self, state: dict) -> None:
-            nonlocal seed
-            if state.get("rows") == total and state.get("mode") == str(mode):
-                seed, self.passes = int(state["seed"]), int(state["passes"])
-
-        def __getitem__(self, i: int) -> tuple:
-            if i == 0:
-                self.passes += 1
-                if mode:
-                    self.order = shuffle.epoch_order(total, batch, seed, self.passes, mode)
-            rows = _piece_rows(self.order[i * batch:(i + 1) * batch], distribution)
-            taken = tuple(keras.tree.map_structure(lambda a: np.asarray(a)[rows], a)
-                          for a in present)
-            if len(rows) and not divides(len(self.order[i * batch:(i + 1) * batch]),
-                                         distribution):
-                return replicated(taken, distribution)
-            return taken
-
-    feeding = GlobalBatches()
-    # a shuffled order BackupAndRestore records and restores (`_data_order`); fit's x last
-    _data_order.register(feeding if mode else None)
-    return feeding
-
-
-def _piece_rows(rows: np.ndarray, distribution: Any) -> np.ndarray:
-    """The rows of one global batch that this process feeds (all of them if they do not
-    divide over the batch axis)."""
-    import jax
-
-    if not divides(len(rows), distribution):
-        return rows
-    size = len(rows) // jax.process_count()
-    return rows[jax.process_index() * size:(jax.process_index() + 1) * size]

@@ -1,6 +1,7 @@
 """Keras's own `Model.fit`, `evaluate` and `predict` (and `compile`, `*_on_batch`), for the
 models `@kmp.parallelize` built on JAX: run under the model's distribution, inputs
-arranged as on one device (`backends.jax.data`).
+arranged as on one device (`inputs.arrays`, each process's share of every global batch
+cut by `backends.jax.feeding`).
 
 The patch `jax_inputs_as_on_one_device` wraps these methods once, on `keras.Model`, for
 every model: a model kmp did not build (`backends.jax.models`) runs Keras's method
@@ -15,13 +16,14 @@ import functools
 import inspect
 from typing import Any
 
-from keras_mgpu_plugins.backends.jax import batches, data, models
+from keras_mgpu_plugins.backends.jax import batches, feeding, models
 from keras_mgpu_plugins.backends.jax.runtime import JaxRuntime
+from keras_mgpu_plugins.inputs import arrays
 from keras_mgpu_plugins.runtime import calls
 
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
-_ARRANGED = {"fit": data.fit_arguments, "evaluate": data.evaluate_arguments,
-             "predict": data.predict_arguments}
+_ARRANGED = {"fit": arrays.fit_arguments, "evaluate": arrays.evaluate_arguments,
+             "predict": arrays.predict_arguments}
 _SCOPED = ("train_on_batch", "test_on_batch", "predict_on_batch")
 
 
@@ -82,14 +84,15 @@ def _arranged(name: str, original: Any) -> Any:
         cpus = _cpu_devices_of_this_process(distribution)
         if cpus > 1:
             _refuse_eager(self, name, cpus)
-        calls.together(JaxRuntime.for_model(self), name, self)  # every process, or all raise
+        runtime = JaxRuntime.for_model(self)
+        calls.together(runtime, name, self)  # every process, or all raise
         extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in signature.parameters}
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         arguments = {k: v for k, v in bound.arguments.items()
                      if k != "self" and signature.parameters[k].kind != _VAR_KEYWORD}
         with distribution.scope():
-            arrange(arguments, distribution, found.partial)
+            arrange(arguments, feeding.JaxSharing(runtime, distribution, found.partial))
             return original(self, **arguments, **extra)
 
     return method
