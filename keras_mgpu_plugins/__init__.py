@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from keras_mgpu_plugins import backends as _backends  # noqa: F401 - hands its dispatcher to `_backend`
 from keras_mgpu_plugins._version import __version__
 from keras_mgpu_plugins.errors import WeightsOutOfSyncError
 from keras_mgpu_plugins.topology import Topology, TopologyError, topology  # (cluster.topology)
@@ -62,7 +63,7 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'keras_mgpu_plugins' has no attribute {name!r}")
     if name not in _NEEDS_NO_KERAS:
-        from keras_mgpu_plugins.backends import require_keras
+        from keras_mgpu_plugins._backend import require_keras
 
         require_keras()  # an error naming the extras, rather than a bare ModuleNotFoundError
     module_name, attr = _LAZY[name]

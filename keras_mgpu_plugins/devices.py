@@ -37,9 +37,9 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
         ['/device:CPU:0', '/device:CPU:1']
     """
     check_split(n, memory_limit_mb)
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().simulate_devices(n, memory_limit_mb)
+    return _backend.active().simulate_devices(n, memory_limit_mb)
 
 
 def check_split(n: int, memory_limit_mb: int | None) -> None:

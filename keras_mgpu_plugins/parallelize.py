@@ -132,12 +132,12 @@ def parallelize(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
     from keras_mgpu_plugins.cluster.partition import Partition
 
     partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
     extra = {} if partition.is_default else {"partition": partition}
-    return backends.current().parallelize_factory(
+    return _backend.active().parallelize_factory(
         factory, strategy=strategy, devices=devices, require_compiled=require_compiled,
         micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map,
         **extra)

@@ -67,13 +67,13 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
 
     plan = topology_from_env(os.environ)
     if plan.serves:
-        from keras_mgpu_plugins import backends
+        from keras_mgpu_plugins import _backend
 
-        backends.current().serve_parameter_server(plan)  # never returns
+        _backend.active().serve_parameter_server(plan)  # never returns
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
-        from keras_mgpu_plugins import backends
+        from keras_mgpu_plugins import _backend
 
-        backends.current().join_job()
+        _backend.active().join_job()
     # After the runtime's own SIGTERM notifier: a stop signal ends the worker cleanly, or
     # (in a fit with BackupAndRestore) at the step the workers agree on, saved.
     _stop_signals.install(_stop_signals.parse(_stop_signals.DEFAULT_SIGNALS))

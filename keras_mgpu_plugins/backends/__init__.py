@@ -1,8 +1,11 @@
 """One folder per Keras backend: what kmp does with that backend's own distribution API.
 
-The rest of the package is backend-free: it reaches a backend only through `current()`
-(and `kmp.runtime.of(model)`, built on it). Each backend package offers the same small
-set of functions, importing its framework only when one is called:
+The rest of the package is backend-free: it never imports this dispatcher (the backends
+build on it: that would be an import circle). This module hands `current()` to
+`_backend.provide` when it is imported (the package's `__init__` imports it first), and
+the backend-free code asks `_backend.active()` (and `kmp.runtime.of(model)`, built on
+it). Each backend package offers the same small set of functions, importing its
+framework only when one is called:
 
 - `runtime_of(model)`: the `kmp.runtime.Runtime` the model trains under;
 - `simulate_devices(n, memory_limit_mb)`: split this process's device (`kmp.simulate_devices`);
@@ -28,37 +31,11 @@ set of functions, importing its framework only when one is called:
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
-#: The frameworks behind Keras's backends, and kmp's extra that installs each.
-_EXTRAS = {"tensorflow": "tensorflow", "jax": "jax", "jaxlib": "jax", "torch": "torch"}
+from keras_mgpu_plugins._backend import provide, require_keras
 
-
-def require_keras() -> ModuleType:
-    """`import keras`, with an error naming kmp's extras when its backend is not installed.
-
-    Raises:
-        ImportError: If Keras's backend framework (`KERAS_BACKEND`, default
-            TensorFlow) is missing.
-    """
-    try:
-        import keras
-    except ModuleNotFoundError as err:
-        if err.name not in _EXTRAS:
-            raise
-        backend = os.environ.get("KERAS_BACKEND", "tensorflow (Keras's default)")
-        extra = _EXTRAS[err.name]
-        fix = f'pip install "keras_mgpu_plugins[{extra}]"'
-        raise ImportError(
-            f"Keras's backend is {backend}, but {err.name!r} is not installed. Install it "
-            f"({fix}), or choose an installed backend with KERAS_BACKEND. kmp's lanes: "
-            'pip install "keras_mgpu_plugins[tensorflow]" (tf.distribute), '
-            'pip install "keras_mgpu_plugins[jax]" with KERAS_BACKEND=jax (keras.distribution) or '
-            'pip install "keras_mgpu_plugins[torch]" with KERAS_BACKEND=torch (one process per '
-            "device, DistributedDataParallel)."
-        ) from err
-    return keras
+__all__ = ["current", "require_keras"]
 
 
 def current() -> ModuleType:
@@ -81,3 +58,6 @@ def current() -> ModuleType:
     from keras_mgpu_plugins.backends import single
 
     return single
+
+
+provide(current)  # the backend-free folders reach the active backend through `_backend`

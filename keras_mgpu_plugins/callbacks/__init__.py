@@ -42,7 +42,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _MODULES:
         raise AttributeError(f"module 'keras_mgpu_plugins.callbacks' has no attribute {name!r}")
-    from keras_mgpu_plugins.backends import require_keras
+    from keras_mgpu_plugins._backend import require_keras
 
     require_keras()  # an error naming the extras, rather than a bare ModuleNotFoundError
     module = importlib.import_module(f"{__name__}.{_MODULES[name]}")

@@ -3,7 +3,7 @@
 Keras's own decision runs; only the value it reads is made the same on every
 worker: `get_monitor_value` returns the chief's, so every worker decides alike,
 at the same epoch. The best weights are read through the backend
-(`backends.current().host_value`, the arrays `get_weights()` gives), so a
+(`_backend.active().host_value`, the arrays `get_weights()` gives), so a
 variable sharded over several JAX processes, which `get_weights()` cannot read,
 is kept and restored too.
 """
@@ -127,9 +127,9 @@ def _whole_weights(model: Any) -> Iterator[None]:
             "get_weights" in vars(model)):
         yield
         return
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    read = backends.current().host_value
+    read = _backend.active().host_value
     vars(model)["get_weights"] = lambda: [read(v) for v in model.weights]  # no Keras tracking
     try:
         yield

@@ -24,9 +24,9 @@ def local_device_names() -> tuple[str, ...]:
         gpus = gpus_from_env(os.environ, _has_gpu_driver())
         if gpus is not None:
             return tuple(f"GPU:{i}" for i in range(gpus)) or ("CPU:0",)
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().local_device_names()
+    return _backend.active().local_device_names()
 
 
 def gpus_from_env(env: Mapping[str, str], driver: bool | None) -> int | None:

@@ -14,7 +14,7 @@ whether it is the chief. It is computed from, in order of precedence:
 4. Keras's own `KERAS_DISTRIBUTION_NUM_PROCESSES` / `_PROCESS_ID` / `_JOB_ADDRESSES`
    (what `keras.distribution.initialize` reads: a JAX job started by hand);
 5. a single process, unless the active backend says this process joined a job by its own
-   means (a torch process group the script initialised itself: `backends.current().joined()`,
+   means (a torch process group the script initialised itself: `_backend.active().joined()`,
    asked only where Keras and its backend are already imported).
 
 Every callback asks the runtime (`kmp.runtime.of(model)`), whose rank agrees with
@@ -222,9 +222,9 @@ def _joined_by_backend() -> tuple[int, int] | None:
 
     if "keras" not in sys.modules:
         return None
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().joined()
+    return _backend.active().joined()
 
 
 # --- TF_CONFIG -------------------------------------------------------------------

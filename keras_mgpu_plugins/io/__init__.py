@@ -2,7 +2,7 @@
 
 - `atomic`: the one atomic writer (a file appears at its final name complete,
   or not at all), for local paths and remote ones (`gs://...`, through
-  `backends.current().remote_files()`), and the one cleanup rule for the
+  `_backend.active().remote_files()`), and the one cleanup rule for the
   temporaries a killed writer leaves;
 - `snapshots`: a checkpoint's content in host memory (`take_snapshot`), taken
   by every worker, written later from the snapshot alone; template copies;

@@ -14,7 +14,7 @@ one cleanup rule of the package: `is_stale`).
 Remote paths (`is_remote`: `gs://...`, any `scheme://`, as Keras decides) have
 no rename: the file is written to a local scratch folder, then copied into
 place with one copy of the backend's remote file functions
-(`backends.current().remote_files()`: `tf.io.gfile` on TensorFlow; the other
+(`_backend.active().remote_files()`: `tf.io.gfile` on TensorFlow; the other
 backends raise, naming what to do instead). Object stores publish an object whole when
 its upload completes, so readers see the previous object or the new one;
 file systems reached that way (`hdfs://`) may show a partly
@@ -63,9 +63,9 @@ def isdir(path: str) -> bool:
 
 def _remote_files() -> Any:
     """`tf.io.gfile`'s file functions, from the active backend (`remote_files()`)."""
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().remote_files()
+    return _backend.active().remote_files()
 
 
 def temp_path(path: str, suffix: str = "") -> str:

@@ -7,7 +7,7 @@ walks them. `Snapshot.write(path)` later produces the same file from the
 snapshot alone, on the training thread (a synchronous save) or on the writer
 thread (`async_save=True`), while training goes on and changes the variables.
 
-A read is the backend's (`backends.current().read_variable`). It costs no copy
+A read is the backend's (`_backend.active().read_variable`). It costs no copy
 where TensorFlow allows: reading a variable gives a tensor that shares its
 buffer, and the next update of that variable copies it first (copy-on-write),
 so the snapshot holds the values of the moment it was taken. On JAX it is a
@@ -88,10 +88,10 @@ class Snapshot:
 
 def read(variable: Any) -> Any:
     """A snapshot read of one Keras variable: its values of this moment, copied only where
-    the backend must (`backends.current().read_variable`)."""
-    from keras_mgpu_plugins import backends
+    the backend must (`_backend.active().read_variable`)."""
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().read_variable(variable)
+    return _backend.active().read_variable(variable)
 
 
 def check_template(source: Any, target: Any) -> bool:

@@ -47,6 +47,6 @@ def of(model: Any = None) -> Runtime:
     Read at call time, never cached by the caller across `fit` calls: the model's
     distribution can change (a model built again, a strategy created later).
     """
-    from keras_mgpu_plugins import backends
+    from keras_mgpu_plugins import _backend
 
-    return backends.current().runtime_of(model)
+    return _backend.active().runtime_of(model)

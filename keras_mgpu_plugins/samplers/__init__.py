@@ -5,7 +5,7 @@ The GPU code paths sit behind one small interface, `DeviceSampler`
 into logs, files and plots runs the same with real GPUs (`GPUSampler`, the
 default) and with scripted numbers (`ScriptedSampler`) on a machine without one.
 
-- `GPUSampler`: the backend's allocator (memory in use, peak; `backends.current()`) and NVML
+- `GPUSampler`: the backend's allocator (memory in use, peak; `_backend.active()`) and NVML
   (utilisation, power, temperature) when `nvidia-ml-py` is installed.
 - `HostSampler`: this process's memory and CPU use (psutil).
 - `ScriptedSampler`: replays given readings, for tests and demos.

@@ -1,7 +1,7 @@
 """The real GPU sampler: the backend's allocator, and NVML where it is installed.
 
 - The GPUs, and memory in use and its peak, come from the active backend
-  (`backends.current().gpu_memory()`, a `GPUMemory`: `devices`, `read(name)` as
+  (`_backend.active().gpu_memory()`, a `GPUMemory`: `devices`, `read(name)` as
   `{"current", "peak"}` bytes, `reset_peak(name)`). On TensorFlow:
   `tf.config.experimental.get_memory_info` (bytes its allocator hands out, not
   the pool it reserved), the peak restarting at `reset_memory_stats`. On JAX:
@@ -73,7 +73,7 @@ class GPUDevice(NamedTuple):
 
 
 class GPUMemory(Protocol):
-    """A backend's GPUs and their allocators (`backends.current().gpu_memory()`).
+    """A backend's GPUs and their allocators (`_backend.active().gpu_memory()`).
 
     The backend's framework is bound when it is made: reads import nothing.
 
@@ -108,9 +108,9 @@ class GPUSampler:
     """
 
     def __init__(self, use_nvml: bool = True) -> None:
-        from keras_mgpu_plugins import backends
+        from keras_mgpu_plugins import _backend
 
-        self._source: GPUMemory = backends.current().gpu_memory()
+        self._source: GPUMemory = _backend.active().gpu_memory()
         gpus = list(self._source.devices)
         self._devices = [gpu.name for gpu in gpus]
         self._handles: list[Any] = [None] * len(gpus)

@@ -77,7 +77,7 @@ def _fmt(value: float) -> str:
 class TensorBoardSink:
     """Writes each record as TensorBoard scalars at the global step.
 
-    The event file is the backend's (`backends.current().summary_writer`: on
+    The event file is the backend's (`_backend.active().summary_writer`: on
     TensorFlow, `tf.summary.write` with the scalar plugin's metadata, so only
     TensorFlow, not the `tensorboard` package, is needed); backends without
     one raise, naming what to use instead.
@@ -87,9 +87,9 @@ class TensorBoardSink:
     """
 
     def __init__(self, log_dir: str) -> None:
-        from keras_mgpu_plugins import backends
+        from keras_mgpu_plugins import _backend
 
-        self._writer = backends.current().summary_writer(os.fspath(log_dir))
+        self._writer = _backend.active().summary_writer(os.fspath(log_dir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         self._writer.write(step, metrics)  # NaN values are left out

@@ -1,9 +1,12 @@
-"""The backend-free package imports no backend: no TensorFlow, JAX or torch, and no module
-below `keras_mgpu_plugins.backends`, anywhere in a module (at its top or inside a function).
+"""The backend-free package imports no backend: no TensorFlow, JAX or torch, and neither
+`keras_mgpu_plugins.backends` (the dispatcher) nor any module below it, anywhere in a module
+(at its top or inside a function).
 
-It reaches a backend only through `keras_mgpu_plugins.backends.current()` (and
-`kmp.runtime.of(model)`, built on it), so the same callbacks, samplers, launcher and
-writers serve every Keras backend, and none loads a framework the job does not use.
+It reaches a backend only through `keras_mgpu_plugins._backend.active()` (and
+`kmp.runtime.of(model)`, built on it), which the dispatcher is handed to when the package's
+`__init__` imports it: the same callbacks, samplers, launcher and writers serve every Keras
+backend, none loads a framework the job does not use, and no import circle runs through
+the backends (which build on these folders).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "keras_mgpu_plugins"
 FOLDERS = ("callbacks", "samplers", "integrations", "launch", "runtime", "cluster", "io",
            "inputs")
 #: Top-level modules kept as the old public paths of modules moved under
-#: `backends/tensorflow/` (documented re-exports of the same module objects).
-SHIMS = {"strategy.py", "collective.py", "multi_gpu.py"}
+#: `backends/tensorflow/` (documented re-exports of the same module objects), and the
+#: package's `__init__`, which imports the dispatcher so that it hands itself to `_backend`.
+SHIMS = {"strategy.py", "collective.py", "multi_gpu.py", "__init__.py"}
 
 FRAMEWORKS = {"tensorflow", "jax", "jaxlib", "torch"}
-BACKENDS = "keras_mgpu_plugins.backends"
+PACKAGE_NAME = "keras_mgpu_plugins"
+BACKENDS = f"{PACKAGE_NAME}.backends"
 #: The backend packages (`backends/tensorflow`, `backends/jax`, `backends/single`).
 BACKEND_PACKAGES = {p.parent.name for p in (PACKAGE / "backends").glob("*/__init__.py")}
 
@@ -50,7 +55,8 @@ def _absolute(node: ast.ImportFrom, path: pathlib.Path) -> str:
 
 
 def _forbidden(name: str) -> bool:
-    return name.split(".")[0] in FRAMEWORKS or name.startswith(BACKENDS + ".")
+    return (name.split(".")[0] in FRAMEWORKS or name == BACKENDS
+            or name.startswith(BACKENDS + "."))
 
 
 def backend_imports(path: pathlib.Path) -> list[str]:
@@ -63,7 +69,8 @@ def backend_imports(path: pathlib.Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             module = _absolute(node, path)
             names = [module] + [f"{module}.{alias.name}" for alias in node.names
-                                if module == BACKENDS and alias.name in BACKEND_PACKAGES]
+                                if (module == BACKENDS and alias.name in BACKEND_PACKAGES)
+                                or (module == PACKAGE_NAME and alias.name == "backends")]
         elif (isinstance(node, ast.Call) and node.args
               and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
               and getattr(node.func, "attr", getattr(node.func, "id", None))
@@ -77,7 +84,7 @@ def backend_imports(path: pathlib.Path) -> list[str]:
 def test_the_backend_free_package_imports_no_backend():
     found = [hit for path in backend_free_modules() for hit in backend_imports(path)]
     assert not found, (
-        "Backend-free modules import a backend (ask keras_mgpu_plugins.backends.current() "
+        "Backend-free modules import a backend (ask keras_mgpu_plugins._backend.active() "
         "or kmp.runtime.of(model) instead):\n" + "\n".join(found))
 
 
@@ -95,6 +102,8 @@ def test_every_folder_is_walked_with_its_subfolders():
     ("from keras_mgpu_plugins.backends.tensorflow import runtime", BACKENDS + ".tensorflow"),
     ("from keras_mgpu_plugins.backends import jax", BACKENDS + ".jax"),
     ("from ..backends import single", BACKENDS + ".single"),
+    ("def f():\n    from keras_mgpu_plugins import backends", BACKENDS),
+    ("from keras_mgpu_plugins.backends import current", BACKENDS),
     ("import importlib\nimportlib.import_module('tensorflow')", "tensorflow"),
 ])
 def test_each_kind_of_backend_import_is_named_with_file_and_line(tmp_path, source, hit):
@@ -110,7 +119,7 @@ def test_asking_the_active_backend_is_allowed(tmp_path):
     folder = tmp_path / "keras_mgpu_plugins" / "io"
     folder.mkdir(parents=True)
     (folder / "probe.py").write_text(
-        "from keras_mgpu_plugins import backends\nfrom keras_mgpu_plugins.backends import current\n"
+        "from keras_mgpu_plugins import _backend\nfrom keras_mgpu_plugins._backend import active\n"
         "import keras\nfrom keras_mgpu_plugins.runtime import of\n")
     assert _probe(folder / "probe.py", tmp_path / "keras_mgpu_plugins") == []
 

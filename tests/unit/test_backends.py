@@ -1,4 +1,5 @@
-"""`backends.current()`: the one way the backend-free package reaches a Keras backend."""
+"""`backends.current()`: the one way kmp reaches a Keras backend, handed to the backend-free
+package as `_backend.active()`."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ def test_a_backend_without_distributed_fit_refuses_to_distribute():
     assert lines[2].startswith("Keras has no distributed fit on the 'numpy' backend")
     assert lines[3] == "True True"
     assert lines[4].startswith("kmp.simulate_devices(2) splits a device")
+
+
+def test_the_backend_free_package_receives_the_dispatcher_on_import():
+    done = run("""
+        import keras_mgpu_plugins.io.atomic  # any part: the package's __init__ runs first
+        from keras_mgpu_plugins import _backend, backends
+        assert _backend.active() is backends.current(), (_backend.active(), backends.current())
+        _backend._dispatch.clear()
+        try:
+            _backend.active()
+        except RuntimeError as err:
+            print(err)
+        """, "tensorflow" if importlib.util.find_spec("tensorflow") else "jax")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "keras_mgpu_plugins.backends was not imported" in done.stdout

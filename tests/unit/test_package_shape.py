@@ -2,7 +2,9 @@
 
 The import graph is read from the source (every `import` and `from ... import`, at module
 level or inside a function), so a lazy import that goes back up a chain counts too: each
-mechanism lives in one module that the others import, never in a circle.
+mechanism lives in one module that the others import, never in a circle. The backend-free
+folders receive the active backend through `_backend` (the dispatcher hands itself in),
+never importing `backends`, which builds on them.
 """
 
 from __future__ import annotations
@@ -15,21 +17,6 @@ import keras_mgpu_plugins
 ROOT = Path(keras_mgpu_plugins.__file__).parent
 PACKAGE = "keras_mgpu_plugins"
 MAX_LINES = 320
-
-#: The one sanctioned way in to a backend: `backends.current()` dispatches by Keras backend,
-#: importing that backend's package when asked; every backend-free module may reach it.
-DISPATCH = f"{PACKAGE}.backends"
-
-#: Edges that still close a cycle, each a lazy import kept for a stated reason. The list
-#: only shrinks: an entry whose import is gone fails `test_tolerated_edges_still_exist`.
-TOLERATED = {
-    # A patch module's entry point applies its own record through the registry, whose
-    # table holds the patch functions: the registry would have to call the entry point.
-    ("compat._private", "compat._registry"): "hide_from_progbar applies progbar_hidden_keys",
-    ("backends.tensorflow.patches.functional_graph", "compat._registry"):
-        "hook_graph_run applies placed_graph_run",
-}
-
 
 def _modules() -> dict[str, Path]:
     """Every module of the package: dotted name to file."""
@@ -64,13 +51,6 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
-
-
-def _checked_graph() -> dict[str, set[str]]:
-    """The import graph without the dispatch edges and the tolerated ones."""
-    tolerated = {(f"{PACKAGE}.{a}", f"{PACKAGE}.{b}") for a, b in TOLERATED}
-    return {a: {b for b in targets if b != DISPATCH and (a, b) not in tolerated}
-            for a, targets in _graph().items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -125,19 +105,13 @@ def _one_cycle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 def test_the_graph_sees_lazy_and_relative_imports():
     graph = _graph()
     assert f"{PACKAGE}.cluster.topology" in graph[f"{PACKAGE}.backends.tensorflow.strategy"]
-    assert f"{PACKAGE}.backends" in graph[f"{PACKAGE}.cluster.local_devices"]  # in a function
+    assert f"{PACKAGE}._backend" in graph[f"{PACKAGE}.cluster.local_devices"]  # in a function
 
 
 def test_no_import_cycle():
-    graph = _checked_graph()
+    graph = _graph()
     cycles = [" -> ".join(_one_cycle(graph, c)) for c in _cycles(graph)]
     assert not cycles, "import cycles in the package:\n" + "\n".join(cycles)
-
-
-def test_tolerated_edges_still_exist():
-    graph = _graph()
-    gone = [(a, b) for a, b in TOLERATED if f"{PACKAGE}.{b}" not in graph[f"{PACKAGE}.{a}"]]
-    assert not gone, f"no longer imported: remove from TOLERATED: {gone}"
 
 
 def test_the_cycle_finder_names_a_cycle():
