@@ -13,7 +13,10 @@ global batch 256 (128 rows per process), the same generated arrays, no shuffle:
   `train_model` loop (`zero_grad`, `backward`, `step`, `loss.item()` each step);
 - upstream (only where the installed Keras wraps the model in DDP in `fit`, keras-nightly:
   keras-team/keras#23316): `keras.distribution.initialize()` and plain `fit` of each
-  process's own half of the rows (`batch_size=128`): what a user of that Keras writes.
+  process's own half of the rows (`batch_size=128`): what a user of that Keras writes;
+- alone (`--explain`): plain Keras `fit` of each process's half, no process group, no
+  collective (two separate models): Keras's own cost per step on these processes, which
+  splits the gap to the loop into Keras's part (alone / loop) and kmp's (kmp / alone).
 
 In a job, after a warm-up epoch, `--repeats` epochs of `--steps` steps are timed each from
 its start to its end; a job's throughput is rank 0's median of global samples per second.
@@ -21,6 +24,7 @@ The sides alternate for `--rounds` rounds (kmp first in even rounds); each round
 ratio kmp / other, and the median ratio is reported with every round's.
 
     python benchmarks/torch_vs_ddp.py [--quick] [--rounds 5] [--repeats 3] [--steps 160]
+                                      [--explain]
 """
 
 from __future__ import annotations
@@ -121,12 +125,8 @@ def upstream_job(steps: int, repeats: int, width: int) -> dict:
     keras.distribution.initialize(f"127.0.0.1:{address.rpartition(':')[2]}",
                                   here.num_workers, here.worker_index)
     model = _model(width)
-    x, y = _data(BATCH, steps)
+    x, y = _half(here.worker_index, here.num_workers, *_data(BATCH, steps))
     share = BATCH // here.num_workers
-    rows = [i for start in range(0, len(x), BATCH)
-            for i in range(start + here.worker_index * share,
-                           start + (here.worker_index + 1) * share)]
-    x, y = x[rows], y[rows]
     model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)  # warm-up
     seconds = []
     for _ in range(repeats):
@@ -134,6 +134,32 @@ def upstream_job(steps: int, repeats: int, width: int) -> dict:
         model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)
         seconds.append(time.perf_counter() - start)
     return _rate(seconds, steps)
+
+
+def alone_job(steps: int, repeats: int, width: int) -> dict:
+    """One process of plain Keras `fit` of its own half of the rows, nothing shared."""
+    import keras_mgpu_plugins as kmp
+
+    here = kmp.topology()
+    model = _model(width)
+    x, y = _half(here.worker_index, here.num_workers, *_data(BATCH, steps))
+    share = BATCH // here.num_workers
+    model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)
+        seconds.append(time.perf_counter() - start)
+    return _rate(seconds, steps)
+
+
+def _half(index: int, count: int, x, y) -> tuple:
+    """Process `index`'s rows of every global batch (as a DistributedSampler without shuffle
+    gives them, contiguous per batch here)."""
+    share = BATCH // count
+    rows = [i for start in range(0, len(x), BATCH)
+            for i in range(start + index * share, start + (index + 1) * share)]
+    return x[rows], y[rows]
 
 
 def upstream_has_ddp() -> bool:
@@ -148,7 +174,7 @@ def upstream_has_ddp() -> bool:
     return trainer.is_file() and "DistributedDataParallel" in trainer.read_text()
 
 
-JOBS = {"kmp": kmp_job, "loop": loop_job, "upstream": upstream_job}
+JOBS = {"kmp": kmp_job, "loop": loop_job, "upstream": upstream_job, "alone": alone_job}
 
 
 def _job(name: str, steps: int, repeats: int, width: int) -> float:
@@ -161,7 +187,8 @@ def _job(name: str, steps: int, repeats: int, width: int) -> float:
 
 def measure(other: str = "loop", steps: int = 160, repeats: int = 3, rounds: int = 5,
             width: int = WIDTH) -> dict:
-    """kmp against `other` ("loop" or "upstream"): median samples/s of each, ratios per round."""
+    """kmp against `other` ("loop", "upstream" or "alone"): median samples/s of each, ratios
+    per round."""
     kmp_rates, other_rates, ratios = [], [], []
     for r in range(rounds):
         order = ("kmp", other) if r % 2 == 0 else (other, "kmp")
@@ -180,9 +207,12 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument("--explain", action="store_true",
+                        help="also against plain Keras fit with no collective (alone)")
     args = parser.parse_args(argv)
     rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
-    others = ["loop"] + (["upstream"] if upstream_has_ddp() else [])
+    others = (["loop"] + (["upstream"] if upstream_has_ddp() else [])
+              + (["alone"] if args.explain else []))
     for other in others:
         r = measure(other, args.steps, repeats, rounds, args.width)
         print(f"kmp fit {r['kmp']:,.0f} samples/s, {other} {r['other']:,.0f} samples/s: "

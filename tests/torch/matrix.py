@@ -117,6 +117,54 @@ def torch_train_step() -> dict:
     return _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=CustomModel))
 
 
+def two_backward_passes(touched: bool = False) -> dict:
+    """A custom train_step with two backward passes into the same gradients (a second loss
+    accumulated), buckets of one gradient each so their sums start during the first pass;
+    `touched`: the gradients then scaled in place before `apply`. How many gradients `apply`
+    took from the buckets (`taken`) and summed itself (`resummed`) is counted."""
+    import keras
+    import torch
+
+    from keras_mgpu_plugins.backends.torch import overlap
+
+    class TwoLosses(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            self.zero_grad()
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            (loss * 0.5).backward()
+            (0.5 * self.compute_loss(y=y, y_pred=self(x, training=True))).backward()
+            weights = list(self.trainable_weights)
+            if touched:
+                with torch.no_grad():
+                    for v in weights:
+                        v.value.grad.mul_(2.0)
+            with torch.no_grad():
+                self.optimizer.apply([v.value.grad for v in weights], weights)
+            for metric in self.metrics:
+                metric.update_state(loss) if metric.name == "loss" else metric.update_state(
+                    y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    counts = {"taken": 0, "resummed": 0}
+    take = overlap.Buckets.take
+
+    def counted(self, variable, grad):
+        value = take(self, variable, grad)
+        counts["taken" if value is not None else "resummed"] += 1
+        return value
+
+    saved = overlap.first_bucket_bytes, overlap.bucket_bytes, overlap.Buckets.take
+    overlap.first_bucket_bytes = overlap.bucket_bytes = 1
+    overlap.Buckets.take = counted
+    try:
+        found = _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=TwoLosses))
+    finally:
+        overlap.first_bucket_bytes, overlap.bucket_bytes, overlap.Buckets.take = saved
+    return {**found, **counts}
+
+
 def fit_twice() -> dict:
     """fit, then fit again from initial_epoch=2 (History of the second)."""
     model = _build()
