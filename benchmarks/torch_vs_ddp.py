@@ -57,19 +57,24 @@ def _rate(seconds: list[float], steps: int) -> dict:
             "rank": kmp.topology().worker_index}
 
 
+def _timed_fits(model, x, y, batch: int, steps: int, repeats: int) -> dict:
+    """A warm-up epoch of `fit`, then `repeats` epochs timed each."""
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        seconds.append(time.perf_counter() - start)
+    return _rate(seconds, steps)
+
+
 def kmp_job(steps: int, repeats: int, width: int) -> dict:
     """One process of the kmp side: `@kmp.parallelize` and `fit` of the global arrays."""
     import keras_mgpu_plugins as kmp
 
     model = kmp.parallelize(_model)(width)
     x, y = _data(BATCH, steps)
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        seconds.append(time.perf_counter() - start)
-    return _rate(seconds, steps)
+    return _timed_fits(model, x, y, BATCH, steps, repeats)
 
 
 def loop_job(steps: int, repeats: int, width: int) -> dict:
@@ -126,14 +131,7 @@ def upstream_job(steps: int, repeats: int, width: int) -> dict:
                                   here.num_workers, here.worker_index)
     model = _model(width)
     x, y = _half(here.worker_index, here.num_workers, *_data(BATCH, steps))
-    share = BATCH // here.num_workers
-    model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)
-        seconds.append(time.perf_counter() - start)
-    return _rate(seconds, steps)
+    return _timed_fits(model, x, y, BATCH // here.num_workers, steps, repeats)
 
 
 def alone_job(steps: int, repeats: int, width: int) -> dict:
@@ -143,14 +141,7 @@ def alone_job(steps: int, repeats: int, width: int) -> dict:
     here = kmp.topology()
     model = _model(width)
     x, y = _half(here.worker_index, here.num_workers, *_data(BATCH, steps))
-    share = BATCH // here.num_workers
-    model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=share, epochs=1, shuffle=False, verbose=0)
-        seconds.append(time.perf_counter() - start)
-    return _rate(seconds, steps)
+    return _timed_fits(model, x, y, BATCH // here.num_workers, steps, repeats)
 
 
 def _half(index: int, count: int, x, y) -> tuple:
