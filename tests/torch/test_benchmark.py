@@ -27,3 +27,8 @@ def test_kmp_and_the_hand_written_loop_each_run_and_alternate(torch_vs_ddp):
     r = torch_vs_ddp.measure("loop", steps=4, repeats=1, rounds=2, width=8)
     assert r["name"] == "loop" and r["kmp"] > 0 and r["other"] > 0
     assert len(r["ratios"]) == 2 and all(x > 0 for x in r["ratios"])
+
+
+def test_plain_keras_alone_runs_for_explain(torch_vs_ddp):
+    r = torch_vs_ddp.measure("alone", steps=4, repeats=1, rounds=1, width=8)
+    assert r["name"] == "alone" and r["kmp"] > 0 and r["other"] > 0
