@@ -31,6 +31,8 @@ all-reduces in the same order. Where Keras's own DistributedDataParallel ran the
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from keras_mgpu_plugins.backends.torch import collectives
@@ -42,8 +44,9 @@ bucket_bytes = 25 << 20
 _HOOKED = "_kmp_overlap_hooks"
 
 
-def arm(model: Any) -> None:
-    """Hooks every trainable variable's torch parameter of `model` (once per parameter)."""
+def arm(model: Any, current: Callable[[], Any]) -> None:
+    """Hooks every trainable variable's torch parameter of `model` (once per parameter);
+    `current()` is the step in progress when a hook runs (`steps.current`)."""
     hooked = vars(model).setdefault(_HOOKED, {})
     for variable in model.trainable_variables:
         param = variable.value
@@ -51,14 +54,13 @@ def arm(model: Any) -> None:
             continue
         if not getattr(param, "requires_grad", False):
             continue
-        handle = param.register_post_accumulate_grad_hook(_accumulated)
+        handle = param.register_post_accumulate_grad_hook(
+            functools.partial(_accumulated, current))
         hooked[id(param)] = (param, handle)
 
 
-def _accumulated(param: Any) -> None:
-    from keras_mgpu_plugins.backends.torch import steps
-
-    step = steps.current()
+def _accumulated(current: Callable[[], Any], param: Any) -> None:
+    step = current()
     buckets = getattr(step, "buckets", None)
     if buckets is not None and not step.ddp_forward:
         buckets.ready(param)

@@ -96,7 +96,7 @@ def _train(model: Any, original: Any, data: Any) -> Any:
     if found is not None and step.processes > 1:
         from keras_mgpu_plugins.backends.torch import overlap
 
-        overlap.arm(model)
+        overlap.arm(model, current)
         step.buckets = overlap.Buckets(step)
     logs = _counted_once(model, step, original, data)  # raised: nothing more is started
     if step.buckets is not None:
