@@ -119,13 +119,10 @@ def torch_train_step() -> dict:
 
 def two_backward_passes(touched: bool = False) -> dict:
     """A custom train_step with two backward passes into the same gradients (a second loss
-    accumulated), buckets of one gradient each so their sums start during the first pass;
-    `touched`: the gradients then scaled in place before `apply`. How many gradients `apply`
-    took from the buckets (`taken`) and summed itself (`resummed`) is counted."""
+    accumulated) and no `scale_loss` (kmp weights the gradients in `apply`); `touched`: the
+    gradients then scaled in place before `apply`."""
     import keras
     import torch
-
-    from keras_mgpu_plugins.backends.torch import overlap
 
     class TwoLosses(keras.Model):
         def train_step(self, data):
@@ -147,22 +144,7 @@ def two_backward_passes(touched: bool = False) -> dict:
                     y, y_pred)
             return {m.name: m.result() for m in self.metrics}
 
-    counts = {"taken": 0, "resummed": 0}
-    take = overlap.Buckets.take
-
-    def counted(self, variable, grad):
-        value = take(self, variable, grad)
-        counts["taken" if value is not None else "resummed"] += 1
-        return value
-
-    saved = overlap.first_bucket_bytes, overlap.bucket_bytes, overlap.Buckets.take
-    overlap.first_bucket_bytes = overlap.bucket_bytes = 1
-    overlap.Buckets.take = counted
-    try:
-        found = _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=TwoLosses))
-    finally:
-        overlap.first_bucket_bytes, overlap.bucket_bytes, overlap.Buckets.take = saved
-    return {**found, **counts}
+    return _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=TwoLosses))
 
 
 def fit_twice() -> dict:

@@ -10,8 +10,7 @@ weighted gradients back); `apply` then sums the parts over the processes (one al
 per dtype, of every gradient flattened), so the update is one device's on the global
 batch, even where a last batch splits unevenly. A `train_step` of the user's that never
 calls `scale_loss` (keras.io's torch recipe) gets its gradients weighted in `apply`
-instead. The sums start during the backward pass, bucket by bucket, as DDP's (`overlap`).
-A gradient that is `None` (a variable the loss does not reach) stays `None`.
+instead. A gradient that is `None` (a variable the loss does not reach) stays `None`.
 Under a `LossScaleOptimizer` the parts are summed before it checks them, so every process
 skips the same steps.
 
@@ -44,8 +43,7 @@ def wrap_optimizer(optimizer: Any) -> None:
                          trainable_variables)
         weighted = step is not None and step.loss_weighted
         weight = 1.0 if weighted else (step.weight if step is not None else None)
-        return apply(_summed(list(grads), trainable_variables, step, weight),
-                     trainable_variables)
+        return apply(all_reduce(list(grads), weight), trainable_variables)
 
     @functools.wraps(scale_loss)
     def weighted_scale_loss(loss: Any) -> Any:
@@ -81,20 +79,6 @@ def all_reduce(grads: list, weight: float | None) -> list:
             out[i] = flat[offset:offset + n].reshape(grads[i].shape)
             offset += n
     return out
-
-
-def _summed(grads: list, variables: Any, step: Any, weight: float | None) -> list:
-    """The processes' `grads` summed: those the backward pass's buckets summed already
-    (`overlap`), the rest here."""
-    buckets = getattr(step, "buckets", None)
-    if buckets is None or variables is None:
-        return all_reduce(grads, weight)
-    buckets.finish()
-    variables = list(variables)
-    done = [buckets.take(v, g) for v, g in zip(variables, grads, strict=True)]
-    rest = all_reduce([g if d is None else None for g, d in zip(grads, done, strict=True)],
-                      weight)
-    return [d if d is not None else r for d, r in zip(done, rest, strict=True)]
 
 
 def _times(grads: list, factor: int) -> list:

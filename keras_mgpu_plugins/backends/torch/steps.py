@@ -43,7 +43,6 @@ class Step:
         self.whole = info is not None and info.whole
         self.ddp_forward = False  # upstream's DistributedDataParallel ran this step's forward
         self.loss_weighted = False  # scale_loss weighted this process's loss (`gradients`)
-        self.buckets: Any = None  # a training step's gradient sums in flight (`overlap`)
 
 
 _HOOKED = "_kmp_forward_marked"
@@ -93,14 +92,7 @@ def _train(model: Any, original: Any, data: Any) -> Any:
 
     watch_upstream_ddp(model)
     before = buffers.versions(model) if found is not None and found.buffers is None else None
-    if found is not None and step.processes > 1:
-        from keras_mgpu_plugins.backends.torch import overlap
-
-        overlap.arm(model, current)
-        step.buckets = overlap.Buckets(step)
-    logs = _counted_once(model, step, original, data)  # raised: nothing more is started
-    if step.buckets is not None:
-        step.buckets.close()
+    logs = _counted_once(model, step, original, data)
     if before is not None:
         found.buffers = buffers.written(model, before)
     if found is not None and not found.step_logs and not found.buffers:
