@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from keras_mgpu_plugins import _data_order
 from keras_mgpu_plugins.inputs import batches, streams
 
 _FIT_DEFAULT_BATCH = 32  # Keras's batch size when none is given (arrays)
 
 
 def fit_arguments(arguments: dict[str, Any], sharing: Any) -> None:
+    _data_order.register(None)  # not a former fit's order: this fit's registers below, if any
     several = sharing.several
     batch = arguments["batch_size"] or _FIT_DEFAULT_BATCH
     if several and streams.kind(arguments["x"]):

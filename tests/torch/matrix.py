@@ -90,6 +90,16 @@ def jit_compile() -> dict:
         return {"error_text": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
 
 
+def _metrics_by_hand(model, loss, y, y_pred) -> dict:
+    """The recipe's metric updates: the loss tracker from `loss`, the others from `y`."""
+    for metric in model.metrics:
+        if metric.name == "loss":
+            metric.update_state(loss)
+        else:
+            metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in model.metrics}
+
+
 def torch_train_step() -> dict:
     """keras.io's "custom train_step in PyTorch" recipe: zero_grad, backward, the optimizer's
     apply, the metrics updated by hand, `{m.name: m.result()}` returned."""
@@ -107,12 +117,7 @@ def torch_train_step() -> dict:
             gradients = [v.value.grad for v in trainable_weights]
             with torch.no_grad():
                 self.optimizer.apply(gradients, trainable_weights)
-            for metric in self.metrics:
-                if metric.name == "loss":
-                    metric.update_state(loss)
-                else:
-                    metric.update_state(y, y_pred)
-            return {m.name: m.result() for m in self.metrics}
+            return _metrics_by_hand(self, loss, y, y_pred)
 
     return _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=CustomModel))
 
@@ -139,10 +144,7 @@ def two_backward_passes(touched: bool = False) -> dict:
                         v.value.grad.mul_(2.0)
             with torch.no_grad():
                 self.optimizer.apply([v.value.grad for v in weights], weights)
-            for metric in self.metrics:
-                metric.update_state(loss) if metric.name == "loss" else metric.update_state(
-                    y, y_pred)
-            return {m.name: m.result() for m in self.metrics}
+            return _metrics_by_hand(self, loss, y, y_pred)
 
     return _fit(_build(lambda: keras.optimizers.Adam(0.01), model_class=TwoLosses))
 
