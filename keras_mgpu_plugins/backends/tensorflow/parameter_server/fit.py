@@ -13,7 +13,8 @@ runs `fit` here instead, with the same arguments and callbacks:
   the epoch is done (every worker's steps count), then `validation_data` is evaluated on
   the chief (`inline`), as Keras's `fit` does;
 - a worker lost mid-epoch costs no step: the coordinator runs its closures again on the
-  other workers, and sends it new ones once it is back.
+  other workers (the chief reads their logs once they ran again, `steps.logs_of`), and
+  sends it new ones once it is back.
 
 The workers train asynchronously: each step reads the variables as they are when it
 starts, while other workers update them (stale gradients, docs/parameter_server.md).
@@ -113,8 +114,9 @@ def train_on_batch(model: Any, keras_method: Any, x: Any, y: Any = None, sample_
     source.batch_size, source.steps = len(_data._first(source.data)), 1
     _private.build_in_scope(model, strategy, source.element())
     model.reset_metrics()
-    logs = coordinator_of(strategy).schedule(_closure(model, strategy, source),
-                                             args=source.args(1)).fetch()
+    coordinator = coordinator_of(strategy)
+    logs = _steps.logs_of(coordinator, coordinator.schedule(_closure(model, strategy, source),
+                                                            args=source.args(1)))
     logs = dict(_metrics_or_logs(model, logs))
     return logs if return_dict else _in_order(model, logs)
 
