@@ -27,6 +27,9 @@ framework only when one is called:
   cluster runs TensorFlow's server and never returns;
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
   torch process group it started itself), else `None` (`kmp.topology()` asks it).
+- `random_state()`, `set_random_state(state)`: the framework's own global generator that
+  Keras's input pipeline draws from (torch: its `DataLoader` shuffle), as JSON values, or
+  `None` where there is none; `BackupAndRestore` records it at each epoch's start.
 """
 
 from __future__ import annotations

@@ -175,14 +175,12 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch, self._batches_done = epoch, 0
         # before the epoch's shuffle draws: what a backup within this epoch resumes with
-        self._epoch_start = {"numpy_rng": training.numpy_rng(),
-                             "data_order": training.data_order()}
+        self._epoch_start = training.epoch_start()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
         self._last_batch_seen = self._batches_done = self._skip_until = 0
-        self._epoch_start = {"numpy_rng": training.numpy_rng(),  # the next epoch's start
-                             "data_order": training.data_order()}
+        self._epoch_start = training.epoch_start()  # the next epoch's start
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
             self._saves.check(runtime.of(self.model), wait=since is not None and since < epoch)

@@ -80,25 +80,26 @@ def parity(optimizer: str = "sgd", rows: int = 23, batch: int = 4, epochs: int =
 
 
 def shuffled(mode="true", rows: int = 22, batch: int = 4, epochs: int = 3) -> dict:
-    """fit(shuffle=...) on the processes, with the global order of each pass kmp drew; alone
-    (`orders` given): one device trained on those orders."""
+    """fit(shuffle=...), with the global order of each pass kmp fed (on several processes;
+    none on one device, where Keras shuffles itself)."""
     from keras_mgpu_plugins.inputs import shuffle
 
     mode = True if mode == "true" else mode
     x, y = data(rows)
     model = factory("adam")
-    drawn, real = [], shuffle.epoch_order
+    drawn, real = [], shuffle.agreed
 
-    def epoch_order(*args):
-        drawn.append(real(*args))
+    def agreed(order, runtime):
+        drawn.append(real(order, runtime))
         return drawn[-1]
 
-    shuffle.epoch_order = epoch_order
+    shuffle.agreed = agreed
     try:
         history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=mode, verbose=0)
     finally:
-        shuffle.epoch_order = real
-    return measured(model, history, orders=np.stack(drawn[-epochs:]))
+        shuffle.agreed = real
+    return measured(model, history,
+                    orders=np.stack(drawn[-epochs:]) if drawn else np.zeros((0, rows)))
 
 
 def replayed(orders: list, batch: int = 4) -> dict:

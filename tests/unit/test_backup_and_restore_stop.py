@@ -97,8 +97,8 @@ def test_sigterm_saves_the_next_step_and_a_rerun_ends_as_an_uninterrupted_run(
             "command again to resume (exit code 75).") in err
     record = metadata(folder)
     assert (record["epoch"], record["batch"], record["batches_done"]) == (1, 3, 4)
-    assert set(record["training"]) == {"numpy_rng", "data_order", "seed_generators",
-                                       "structure", "world"}
+    assert set(record["training"]) == {"numpy_rng", "python_rng", "backend_rng", "data_order",
+                                       "seed_generators", "structure", "world"}
 
     seen = Signal()
     resumed = fit(build(), [BackupAndRestore(folder), seen])

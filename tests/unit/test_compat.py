@@ -114,6 +114,41 @@ def test_the_table_states_its_range():
 # --- each use, in real Keras ------------------------------------------------------------
 
 
+def test_use_keras_shuffle_draws():
+    """kmp's draws equal Keras's own adapters' on one process, and leave the random states
+    where Keras leaves them (torch's: tests/torch/test_shuffle_order.py)."""
+    import random
+
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_mgpu_plugins.inputs import shuffle
+
+    assert compat.require("keras_shuffle_draws")
+    for mode in (True, "batch"):
+        np.random.seed(3)
+        adapter = ArrayDataAdapter(np.arange(20), batch_size=8, shuffle=mode)
+        rows = np.concatenate([np.asarray(b[0] if isinstance(b, tuple) else b).reshape(-1)
+                               for b in adapter.get_numpy_iterator()])
+        after = np.random.randint(1 << 30)
+        np.random.seed(3)
+        assert shuffle.numpy_order(20, 8, mode).tolist() == rows.tolist()
+        assert np.random.randint(1 << 30) == after
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return np.full((1, 1), i, "float32")
+
+    random.seed(4)
+    order = [int(np.asarray(b).reshape(-1)[0])
+             for b in PyDatasetAdapter(Batches(), shuffle=True).get_numpy_iterator()]
+    random.seed(4)
+    assert shuffle.batch_order(5).tolist() == order
+
+
 @pytest.mark.slow  # a real fit
 def test_use_model_checkpoint_hooks(tmp_path):
     base = keras.callbacks.ModelCheckpoint

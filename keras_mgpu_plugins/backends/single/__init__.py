@@ -147,3 +147,12 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def random_state() -> None:
+    """No global generator of this backend's own that Keras's input pipeline draws from."""
+    return None
+
+
+def set_random_state(state: object) -> None:
+    """Nothing to give back (`random_state`)."""

@@ -31,6 +31,20 @@ def runtime_of(model: Any = None) -> Any:
     return runtime
 
 
+def random_state() -> list[int]:
+    """torch's global generator's state (what Keras's `DataLoader` shuffle draws from), as
+    JSON values; `BackupAndRestore` records it at each epoch's start."""
+    import torch
+
+    return torch.get_rng_state().tolist()
+
+
+def set_random_state(state: list[int]) -> None:
+    import torch
+
+    torch.set_rng_state(torch.tensor(state, dtype=torch.uint8))
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """One device per process on torch: several devices are several processes."""
     if n == 1:
