@@ -132,8 +132,10 @@ def parallelize(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
-    from keras_mgpu_plugins import _backend
+    from keras_mgpu_plugins import _backend, _fail_fast
     from keras_mgpu_plugins.cluster.partition import Partition
+
+    _fail_fast.install_if_job()  # a process that raises must not keep its peers waiting
 
     partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
     extra = {} if partition.is_default else {"partition": partition}

@@ -13,7 +13,7 @@ Phases (`--phases`, default all): `main` (the resumable fit: `BackupAndRestore`,
 `ModelCheckpoint`, `CSVLogger`), `early` (`EarlyStopping` with `restore_best_weights`),
 `uneven` (a global batch of 7 on 15 rows) and `tiny` (a data set of one row).
 
-Events (`--event EPOCH:BATCH:WHAT:WORKER`, several allowed) make the run go wrong on
+Events (`--at EPOCH:BATCH:WHAT:WORKER`, several allowed) make the run go wrong on
 purpose at the start of that batch of the `main` fit, on that worker only: `SIGTERM`,
 `SIGUSR1` or `SIGKILL` sent to itself, `raise` (a `ValueError`), `stall` (sleeps for an
 hour: a `StallWatchdog(timeout=--stall-timeout)` is then in the fit).
@@ -151,7 +151,7 @@ def main_phase(out: str, args: argparse.Namespace, writes: Writes) -> dict:
     x, y = data()
     hooks: list = []
     callbacks = [
-        recorder(args.event, hooks),  # first: it sees each batch end before a stop raises
+        recorder(args.at, hooks),  # first: it sees each batch end before a stop raises
         kmp.callbacks.BackupAndRestore(os.path.join(out, "backup"), save_freq=SAVE_FREQ),
         kmp.callbacks.ModelCheckpoint(os.path.join(out, "best.keras"), monitor="val_loss",
                                       save_best_only=True),
@@ -208,7 +208,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--devices", type=int, default=0)
-    parser.add_argument("--event", action="append", default=[])
+    parser.add_argument("--at", action="append", default=[])
     parser.add_argument("--stall-timeout", type=float, default=0)
     parser.add_argument("--undecorated", action="store_true")
     return parser.parse_args(list(argv))

@@ -78,11 +78,11 @@ class Jobs:
         how, victim = starts.BY_NAME[start], victim_of(start)
         out = self._out(start, "chain")
         found = {}
-        found["term"] = how.run(["--phases", "main", "--event", f"0:3:SIGTERM:{victim}"], out)
+        found["term"] = how.run(["--phases", "main", "--at", f"0:3:SIGTERM:{victim}"], out)
         found["term_hooks"] = hooks(found["term"])
         if (out / "backup").exists():
             shutil.copytree(out / "backup", self._out(start, "elastic", "backup"))
-        found["kill"] = how.run(["--phases", "main", "--event", f"1:3:SIGKILL:{victim}"], out)
+        found["kill"] = how.run(["--phases", "main", "--at", f"1:3:SIGKILL:{victim}"], out)
         found["kill_hooks"] = hooks(found["kill"])
         found["end"] = how.run(["--phases", "main"], out)
         found["elastic"] = how.run(["--phases", "main"], self._out(start, "elastic"), workers=1)
@@ -92,9 +92,9 @@ class Jobs:
     def special(self, start: str, case: str) -> starts.Run:
         victim = victim_of(start)
         args = {"undecorated": ["--phases", "main", "--undecorated"],
-                "stall": ["--phases", "main", "--event", f"0:2:stall:{victim}",
+                "stall": ["--phases", "main", "--at", f"0:2:stall:{victim}",
                           "--stall-timeout", "10"],
-                "raise": ["--phases", "main", "--event", f"0:2:raise:{victim}"],
+                "raise": ["--phases", "main", "--at", f"0:2:raise:{victim}"],
                 "version": ["--phases", "main"]}[case]
         env = {"PYTHONPATH": shim_path()} if case == "version" else None
         return starts.BY_NAME[start].run(args, self._out(start, case), env=env)
