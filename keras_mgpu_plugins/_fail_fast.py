@@ -9,15 +9,23 @@ others wait in the step's collective for this one (measured: 2 JAX processes sta
 launcher's workers and the scheduler runner (`python -m keras_mgpu_plugins.run`) end such a
 process themselves (`launch._exit`); a script started by hand, by `srun python` or by
 `torchrun` gets the same here: once kmp sees the job (`kmp.parallelize` in a job of several
-processes), an uncaught exception is printed as Python prints it, the `atexit` handlers get a
-few seconds (a W&B run's flush), and the process exits 1. Its peers then fail in their next
-collective, which reaches a closed connection, and end the same way.
+processes), an uncaught exception is printed as Python prints it (by every hook installed
+around this one: torch's prefixes the rank), then the process ends as Python ends it, but for
+a deadline: whatever still runs `EXIT_GRACE_S` seconds later (an `atexit` handler waiting for
+a peer) no longer holds it, and it exits 1. Its peers then fail in their next collective,
+which reaches a closed connection, and end the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
+import time
 from typing import Any
+
+from keras_mgpu_plugins.launch._exit import EXIT_GRACE_S
 
 _installed: list[Any] = []
 
@@ -30,12 +38,21 @@ def install() -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         previous(kind, value, tb)
-        from keras_mgpu_plugins.launch._exit import _exit_after_failure
-
-        _exit_after_failure(130 if issubclass(kind, KeyboardInterrupt) else 1)
+        code = 130 if issubclass(kind, KeyboardInterrupt) else 1
+        threading.Thread(target=_exit_later, args=(code,), name="kmp-fail-fast",
+                         daemon=True).start()
 
     sys.excepthook = hook
     _installed.append(hook)
+
+
+def _exit_later(code: int, grace: float = EXIT_GRACE_S) -> None:
+    """Ends the process with `code` in `grace` seconds, if Python has not ended it by then."""
+    time.sleep(grace)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def install_if_job() -> None:
