@@ -299,6 +299,10 @@ def test_stall_error(jobs, start):
     victim = victim_of(start)
     assert f"stuck: worker {victim}\n" in run.output, run.output[-4000:]
     assert f"worker {victim}: stuck in act (conformance/job.py" in run.output, run.output[-4000:]
+    for other in range(starts.BY_NAME[start].workers):  # a waiting peer is never named stuck
+        if other != victim:
+            assert f"stuck: worker {other}" not in run.output, run.output[-4000:]
+            assert f"worker {other}: stuck" not in run.output, run.output[-4000:]
 
 
 @pytest.mark.parametrize("start", START_NAMES)
