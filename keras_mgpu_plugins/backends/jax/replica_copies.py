@@ -41,9 +41,9 @@ class Copy:
     def shard(self) -> Any:
         """The variable's current buffer on this copy's device (read at call time: every
         training step replaces the variable's array)."""
-        for shard in self.variable.value.addressable_shards:
-            if shard.device == self.device:
-                return shard.data
+        for device, data in local_buffers(self.variable.value):
+            if device == self.device:
+                return data
         raise RuntimeError(f"{self.variable.path} has no copy on {self.device} any more")
 
 
@@ -141,9 +141,19 @@ def local_copies(variable: Any) -> tuple[Copy, ...]:
     import jax
 
     order = {device: i for i, device in enumerate(jax.local_devices())}
-    devices = sorted((s.device for s in variable.value.addressable_shards),
+    devices = sorted((device for device, _ in local_buffers(variable.value)),
                      key=lambda d: order.get(d, len(order) + d.id))
     return tuple(Copy(variable, d) for d in devices)
+
+
+def local_buffers(array: Any) -> list[tuple[Any, Any]]:
+    """`(device, single-device array)` for each of this process's devices holding part of
+    `array`. Through `addressable_data`: `addressable_shards` raises on JAX 0.10 for an array
+    that `jax.device_put` replicated from a `jax.Array` over several processes of one device
+    each ("An argument array had 2 shard(s)"; what Keras's variables are under `DataParallel`
+    on `kmp-launch -n 2`)."""
+    buffers = [array.addressable_data(i) for i in range(len(array.sharding.addressable_devices))]
+    return [(next(iter(data.devices())), data) for data in buffers]
 
 
 def host_value(copy: Copy) -> np.ndarray:
@@ -158,7 +168,7 @@ def assign(copy: Copy, value: np.ndarray) -> None:
     import jax
 
     current = copy.variable.value
-    arrays = [jax.device_put(np.asarray(value, dtype=current.dtype), s.device)
-              if s.device == copy.device else s.data for s in current.addressable_shards]
+    arrays = [jax.device_put(np.asarray(value, dtype=current.dtype), device)
+              if device == copy.device else data for device, data in local_buffers(current)]
     copy.variable.assign(jax.make_array_from_single_device_arrays(
         current.shape, current.sharding, arrays))
