@@ -148,12 +148,17 @@ def local_copies(variable: Any) -> tuple[Copy, ...]:
 
 def local_buffers(array: Any) -> list[tuple[Any, Any]]:
     """`(device, single-device array)` for each of this process's devices holding part of
-    `array`. Through `addressable_data`: `addressable_shards` raises on JAX 0.10 for an array
-    that `jax.device_put` replicated from a `jax.Array` over several processes of one device
-    each ("An argument array had 2 shard(s)"; what Keras's variables are under `DataParallel`
-    on `kmp-launch -n 2`)."""
-    buffers = [array.addressable_data(i) for i in range(len(array.sharding.addressable_devices))]
-    return [(next(iter(data.devices())), data) for data in buffers]
+    `array`. On JAX 0.10 `addressable_shards` raises for an array that `jax.device_put`
+    replicated from a `jax.Array` over several processes of one device each ("An argument
+    array had 2 shard(s)": Keras's variables under `DataParallel` on `kmp-launch -n 2`); its
+    one local copy is then `addressable_data(0)`."""
+    try:
+        return [(shard.device, shard.data) for shard in array.addressable_shards]
+    except ValueError:
+        if len(array.sharding.addressable_devices) != 1:
+            raise
+        data = array.addressable_data(0)
+        return [(next(iter(data.devices())), data)]
 
 
 def host_value(copy: Copy) -> np.ndarray:
