@@ -149,19 +149,27 @@ def run(out_dir: str, backend: str = "torch", num_workers: int = 2, kill_at: int
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
         node = cluster.add_node(num_cpus=num_workers)
         ray.init(address=cluster.address, runtime_env={"env_vars": env})
-        threading.Thread(target=_preempt, args=(cluster, node, out_dir, num_workers),
-                         daemon=True).start()
     else:
         ray.init(num_cpus=num_workers, include_dashboard=False, runtime_env={"env_vars": env})
+    trainer = Trainer(
+        train_loop_per_worker,
+        train_loop_config={"out_dir": out_dir, "kill_at": kill_at, "preempt_at": preempt_at,
+                           "backup_every": backup_every, "epochs": epochs},
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=False),
+        run_config=RunConfig(name=f"kmp-ray-{backend}", storage_path=os.path.join(out_dir, "ray"),
+                             failure_config=FailureConfig(max_failures=1)),
+    )
     try:
-        Trainer(
-            train_loop_per_worker,
-            train_loop_config={"out_dir": out_dir, "kill_at": kill_at, "preempt_at": preempt_at,
-                               "backup_every": backup_every, "epochs": epochs},
-            scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=False),
-            run_config=RunConfig(name=f"kmp-ray-{backend}", storage_path=os.path.join(out_dir, "ray"),
-                                 failure_config=FailureConfig(max_failures=1)),
-        ).fit()
+        if cluster is None:
+            trainer.fit()
+        else:  # Ray starts nodes from the main thread only: the run goes on in another
+            failed: list[BaseException] = []
+            fit = threading.Thread(target=lambda: _catch(trainer.fit, failed), daemon=True)
+            fit.start()
+            _preempt(cluster, node, out_dir, num_workers, fit)
+            fit.join()
+            if failed:
+                raise failed[0]
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -180,7 +188,14 @@ def Trainer_name(backend: str) -> str:  # noqa: N802 - names the class
     return "TorchTrainer" if backend == "torch" else "TensorflowTrainer"
 
 
-def _preempt(cluster, node, out_dir: str, num_workers: int) -> None:
+def _catch(call, failed: list) -> None:
+    try:
+        call()
+    except BaseException as err:  # noqa: BLE001 - re-raised by the main thread
+        failed.append(err)
+
+
+def _preempt(cluster, node, out_dir: str, num_workers: int, fit: threading.Thread) -> None:
     """Once every worker reached the step: a node for the restart, then the workers' node
     drained as a preempted one (what Ray's autoscaler does on a spot node's notice)."""
     import subprocess
@@ -189,6 +204,8 @@ def _preempt(cluster, node, out_dir: str, num_workers: int) -> None:
 
     while not all(os.path.exists(os.path.join(out_dir, f"reached-{r}"))
                   for r in range(num_workers)):
+        if not fit.is_alive():
+            return
         time.sleep(0.1)
     cluster.add_node(num_cpus=num_workers)
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node",
