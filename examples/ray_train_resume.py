@@ -60,6 +60,7 @@ def build():
 def train_loop_per_worker(config: dict) -> None:
     """What each Ray worker runs: the same code as under `kmp-launch`, torchrun or SLURM."""
     import signal
+    import time
 
     import keras
 
@@ -81,8 +82,10 @@ def train_loop_per_worker(config: dict) -> None:
             steps.append(int(self.model.optimizer.iterations.numpy()))
             if kill_at and attempt == 0 and topology.worker_index == 1 and steps[-1] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # a lost node: no chance to save
-            if preempt_at and attempt == 0 and steps[-1] == preempt_at:
-                open(os.path.join(out, f"reached-{topology.worker_index}"), "w").close()
+            if preempt_at and attempt == 0 and steps[-1] >= preempt_at:
+                if steps[-1] == preempt_at:
+                    open(os.path.join(out, f"reached-{topology.worker_index}"), "w").close()
+                time.sleep(1.0)  # steps as long as a real model's, for the notice to come
 
     saved: list[str] = []
     events.subscribe(model, "checkpoint_saved",
@@ -141,7 +144,8 @@ def run(out_dir: str, backend: str = "torch", num_workers: int = 2, kill_at: int
                          f"each worker. Install both with: {install}") from err
 
     env = {"KERAS_BACKEND": backend, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "KMP_RAY_PREEMPTION_CHECK_EVERY": "1"}  # ask Ray at every check: a few steps here
+           "KMP_RAY_PREEMPTION_CHECK_EVERY": "1",  # ask Ray at every check: a few steps here
+           "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}  # Ray's watcher of drained nodes
     cluster = None
     if preempt_at:  # the workers' node, drained when they reach `preempt_at`
         from ray.cluster_utils import Cluster
@@ -196,8 +200,8 @@ def _catch(call, failed: list) -> None:
 
 
 def _preempt(cluster, node, out_dir: str, num_workers: int, fit: threading.Thread) -> None:
-    """Once every worker reached the step: a node for the restart, then the workers' node
-    drained as a preempted one (what Ray's autoscaler does on a spot node's notice)."""
+    """Once every worker reached the step: the workers' node drained as a preempted one (what
+    Ray's autoscaler does on a spot node's notice), then a node for the restart."""
     import subprocess
     import sys
     import time
@@ -207,11 +211,11 @@ def _preempt(cluster, node, out_dir: str, num_workers: int, fit: threading.Threa
         if not fit.is_alive():
             return
         time.sleep(0.1)
-    cluster.add_node(num_cpus=num_workers)
     subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node",
                     "--address", cluster.address, "--node-id", node.node_id,
                     "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot",
                     "--deadline-remaining-seconds", "120"], check=True)
+    cluster.add_node(num_cpus=num_workers)  # where Ray starts the group again
 
 
 def main() -> None:
