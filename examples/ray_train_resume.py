@@ -102,7 +102,8 @@ def train_loop_per_worker(config: dict) -> None:
                                  save_weights_only=True),
                              Steps()])
     except TrainingStopped as stop:  # a preemption notice: the backup holds the agreed step
-        record.update(stopped={"code": stop.code, "saved": stop.saved, "message": stop.message})
+        record.update(stopped={"code": stop.code, "saved": stop.saved, "message": stop.message,
+                               "step": stop.epoch * (ROWS // GLOBAL_BATCH) + stop.batches_done})
         _write(out, record)
         raise  # Ray sees the group stop, and starts it again
     _write(out, {**record, "weights": [w.tolist() for w in model.get_weights()]})

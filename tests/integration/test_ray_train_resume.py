@@ -140,8 +140,8 @@ def test_tensorflow_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_b
     assert all(r["stopped"]["saved"] for r in first)
     assert "Ray's preemption notice" in summary["output"]  # what each worker said on it
     assert "stopped by SIGTERM" in first[0]["stopped"]["message"]  # taken as a SIGTERM
-    stopped_at = first[0]["steps"][-1]
-    assert first[1]["steps"][-1] == stopped_at >= PREEMPT_AT  # one agreed step on both
+    stopped_at = first[0]["stopped"]["step"]
+    assert first[1]["stopped"]["step"] == stopped_at >= PREEMPT_AT  # one agreed step on both
     for rank in (0, 1):
         resumed = records[rank, 1]
         assert min(resumed["steps"]) == stopped_at  # from the saved step, not an older backup
