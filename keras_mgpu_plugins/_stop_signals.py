@@ -143,8 +143,33 @@ def disarm() -> None:
 
 
 def requested() -> Request | None:
-    """The stop signal received during the armed `fit`, if any."""
+    """The stop signal received during the armed `fit`, if any (or a notice a `watch`ed source
+    gave: it counts as SIGTERM)."""
+    if _state["request"] is None:
+        for source in list(_state.get("sources", ())):
+            notice = source()
+            if notice:
+                say(f"{who()}: {notice}: training stops at the next step every worker agrees "
+                    "on, once BackupAndRestore has saved that step.")
+                _state["request"] = Request(int(signal.SIGTERM), notice, time.time())
+                break
     return _state["request"]
+
+
+def watch(source: Callable[[], str | None]) -> Callable[[], None]:
+    """Asks `source` at each check of a `fit` that saves (where no handler can be installed:
+    Ray Train runs `fit` in a thread) for a stop notice (a text naming it, or `None`); returns
+    the undo. Every worker asks at the same checks, so a source may be a collective."""
+    with _lock:
+        _state.setdefault("sources", []).append(source)
+
+    def undo() -> None:
+        with _lock:
+            if source in _state.get("sources", ()):
+                _state["sources"].remove(source)
+            _state["request"] = None
+
+    return undo
 
 
 def who() -> str:

@@ -7,6 +7,7 @@ The arguments are checked here; the active Keras backend's folder does the rest
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -134,6 +135,14 @@ def parallelize(
         )
     from keras_mgpu_plugins import _backend, _fail_fast
     from keras_mgpu_plugins.cluster.partition import Partition
+    from keras_mgpu_plugins.integrations import ray as ray_train
+
+    if "ray.train" in sys.modules:  # a Ray Train worker: one job, or a clear error
+        import keras
+
+        from keras_mgpu_plugins.cluster.topology import topology
+
+        ray_train.check_job(topology().num_workers, keras.backend.backend())
 
     _fail_fast.install_if_job()  # a process that raises must not keep its peers waiting
 

@@ -35,6 +35,11 @@ class Handling:
         self.end()  # a fit that raised left them set
         self._undo = _stop_signals.install(self.signums)
         if self._undo is None:
+            from keras_mgpu_plugins.integrations import ray as ray_train
+
+            self._undo = ray_train.watch_preemption()  # Ray Train's notice, in its thread
+            if self._undo is not None:
+                return
             warnings.warn(f"{owner}: fit runs outside the main thread, where Python cannot "
                           "handle signals: a stop signal is not turned into a backup here.",
                           UserWarning, stacklevel=3)

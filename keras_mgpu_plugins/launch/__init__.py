@@ -108,9 +108,11 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         create_strategy: Create the multi-worker strategy in each worker
             first. With `False`, the bootstrap imports no TensorFlow.
         env: Variables to set (or, with `None`, unset) in the workers.
-        output: `"chief"`: only worker 0's output is shown here, the others'
-            goes to their log files (path printed), and their Keras progress
-            bars are off; `"all"`: every worker's is shown, prefixed, with its
+        output: `"chief"`: only worker 0's output is shown here, without the
+            backends' runtime log lines (TensorFlow's C++ logs, coordination and
+            Gloo lines), the others' goes to their log files (path printed), and
+            their Keras progress bars are off; `"verbose"`: the same with worker 0's
+            runtime log lines; `"all"`: every worker's is shown, prefixed, with its
             progress bars. Every worker's output is in its log file either way.
         log_dir: Folder for the log files `worker-<i>.log` (default:
             `<tempdir>/kmp-launch-logs/<job id>`, kept after the run).
@@ -178,9 +180,10 @@ def _check_stop_grace(stop_grace: Any) -> None:
 
 
 def _check_output(output: Any, log_dir: Any) -> None:
-    if output not in ("chief", "all"):
-        raise ValueError(f'output must be "chief" (only worker 0\'s output shown) or "all". '
-                         f"Received: output={output!r}")
+    if output not in ("chief", "verbose", "all"):
+        raise ValueError(f'output must be "chief" (only worker 0\'s output shown, without the '
+                         f'runtimes\' own log lines), "verbose" (worker 0\'s, all of it) or "all" '
+                         f"(every worker's). Received: output={output!r}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path or None. Received: log_dir={log_dir!r}")
 

@@ -59,7 +59,9 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         timeout: Seconds the run may take, or `None`.
         environ: The workers' environment, before the launcher's variables.
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
-        output: `"chief"` (only worker 0's output is relayed here) or `"all"`.
+        output: `"chief"` (only worker 0's output is relayed here, without the backends'
+            runtime log lines: `launch._quiet`), `"verbose"` (worker 0's, all of it) or
+            `"all"` (every worker's, all of it).
         log_dir: Folder of the workers' log files (default: `output_paths`).
         stop_grace: Seconds the workers get after a stop signal (`launch._signals`).
 
@@ -128,7 +130,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
         )
         return _Worker(index, proc, spec_path, job_dir, os.path.join(log_dir, task.log_name),
                        shown=output == "all" or index == 0, label=task.label,
-                       serves=task.serves)
+                       serves=task.serves, quiet=output == "chief" and len(tasks) > 1)
 
     workers.extend(start(index) for index in range(len(tasks)))
     restarts = _tasks.Restarts(tasks, start) if spec.get("num_ps") else None

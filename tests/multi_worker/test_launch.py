@@ -262,7 +262,8 @@ def test_by_default_only_the_chiefs_output_is_shown_the_others_go_to_their_log(c
     logs = tmp_path / "logs"
     assert err.splitlines() == [
         f"kmp.launch: showing worker 0's output; workers 1-2 write to {logs}/worker-<i>.log "
-        '(output="all" shows every worker\'s)', "[worker 0] to stderr 0"]
+        '(output="all" shows every worker\'s); the runtimes\' own log lines go to the log files '
+        'only (output="verbose" shows them)', "[worker 0] to stderr 0"]
     for i in range(3):  # each file holds its worker's two lines (the two pipes' order varies)
         assert sorted((logs / f"worker-{i}.log").read_text().splitlines()) == [
             f"hello from {i}", f"to stderr {i}"]
