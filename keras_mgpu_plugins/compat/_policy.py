@@ -29,7 +29,9 @@ import os
 import sys
 import warnings
 
-from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, version_checked, version_predates
+from packaging.version import Version
+
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, version_checked
 from keras_mgpu_plugins.compat._record import ALLOW_UNCHECKED_ENV
 from keras_mgpu_plugins.errors import KerasTooOldError, UncheckedVersionError
 
@@ -102,14 +104,14 @@ def check() -> None:
     if version is None or checked(version):
         return
     here = lane()
-    if version_predates(version, MIN_KERAS):
+    if Version(version) < Version(MIN_KERAS):  # a 3.10.0 pre-release included
         known = [what for name, below, what in _TOO_OLD
-                 if _LANES[name] == here and version_predates(version, below)]
+                 if _LANES[name] == here and Version(version) < Version(below)]
         why = f" (on {here}, Keras {version} {known[0]})" if known else ""
         raise KerasTooOldError(
             f"Keras {version} is older than the Keras keras_mgpu_plugins distributes on the "
-            f"{here} lane{why}: kmp needs Keras >= 3.10 to train on several devices or "
-            f"processes. pip install {WANTED}.")
+            f"{here} lane{why}: kmp needs Keras >= {MIN_KERAS} to train on several devices "
+            f"or processes. pip install {WANTED}.")
     if not allowed():
         raise UncheckedVersionError(
             f"keras_mgpu_plugins was not checked with Keras {version} on the {here} lane "
@@ -128,7 +130,7 @@ def folded(library: str = "keras") -> bool:
     if library != "keras":
         return False
     version = keras_version()
-    if version is None or checked(version) or version_predates(version, MIN_KERAS):
+    if version is None or checked(version) or Version(version) < Version(MIN_KERAS):
         return False
     announce(version)
     return True
@@ -151,8 +153,6 @@ def announce(version: str) -> None:
 
 
 def _kind(version: str) -> str:
-    from packaging.version import Version
-
     return "a pre-release" if Version(version).is_prerelease else "newer than checked"
 
 
