@@ -72,6 +72,9 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
         _backend.active().serve_parameter_server(plan)  # never returns
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
         from keras_mgpu_plugins import _backend
+        from keras_mgpu_plugins.compat import _policy
+
+        _policy.check()  # every lane's version policy, before Keras is imported
 
         _backend.active().join_job()
     # After the runtime's own SIGTERM notifier: a stop signal ends the worker cleanly, or

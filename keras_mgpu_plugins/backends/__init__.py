@@ -8,6 +8,11 @@ it). Each backend package offers the same small set of functions, importing its
 framework only when one is called:
 
 - `runtime_of(model)`: the `kmp.runtime.Runtime` the model trains under;
+- `apart(model)`: why `model` would train a separate model on each of the job's processes
+  (not built under the job's distribution), in the lane's words, or `None` where it trains
+  as one with them (`runtime.apart` decides the rest);
+- `saving_in_a_job()`: what saving the model takes in a job of several processes on this
+  lane, in its words (messages that refuse a writer without rank logic);
 - `simulate_devices(n, memory_limit_mb)`: split this process's device (`kmp.simulate_devices`);
 - `local_device_names()`: this process's devices, e.g. `("GPU:0", "GPU:1")`;
 - `gpu_memory()`: this process's GPUs and their allocators (`samplers.gpu.GPUMemory`:

@@ -68,8 +68,9 @@ printed.
 
 Fail-fast: when a worker exits non-zero or dies, the others (and every process
 they started) are stopped within seconds. The exit code is 0 when every worker
-succeeds, else the first failing worker's exit code (128+N if it was killed by
-signal N), 124 when --timeout expires, and 130 on Ctrl-C.
+succeeds, else the first failing worker's exit code (1 for a worker that raised,
+even one the launcher had to stop after it; 128+N if it was killed by signal N),
+124 when --timeout expires, and 130 on Ctrl-C.
 
 Stop signals: SIGTERM or SIGUSR1 sent to kmp-launch (a scheduler's preemption
 notice, a Kubernetes eviction) is forwarded to every worker. In a model.fit with

@@ -92,6 +92,7 @@ class _Worker:
         self.error_path = _worker.outcome_path(spec_path, index, "error")
         self.stopped_path = _worker.outcome_path(spec_path, index, "stopped")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
+        self.stopped_by_launcher = False  # still running when the launcher stopped the job
         self.alive_at: float | None = None  # wall time it was last seen running
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)

@@ -277,6 +277,7 @@ def _stop(workers: list[_Worker]) -> None:
             with open(os.path.join(live[0].job_dir, _stop_signals.HARD_STOP), "w"):
                 pass
     for w in live:
+        w.stopped_by_launcher = True
         w.kill_tree(signal.SIGTERM)
     deadline = time.monotonic() + _GRACE_S
     while live and time.monotonic() < deadline and any(w.group_alive() for w in live):

@@ -29,6 +29,7 @@ SCENARIOS = [
     ["inputs", {"kind": "generator"}],
     ["inputs", {"kind": "dataloader"}],
     ["inputs", {"kind": "class_weight"}],
+    ["inputs", {"kind": "four_parts", "rows": 24}],
     ["refused_loader", {}],
 ]
 TOLERANCE = 1e-5
@@ -121,6 +122,13 @@ def test_shuffle_is_one_devices_permutation_each_epoch(runs, mode):
                                   "class_weight"])
 def test_every_input_kind_equals_one_device(runs, kind):
     check_equal_to_one_device(runs, "inputs", {"kind": kind})
+
+
+def test_a_dataloader_of_four_part_batches_equals_one_device(runs):
+    """A GAN's batches (x, y, noise, weights), unpacked by the model's own train_step: Keras's
+    own fit takes them from a DataLoader; kmp served them through a PyDataset, whose adapter
+    refused them ("PyDataset.__getitem__() must return a tuple or a dict")."""
+    check_equal_to_one_device(runs, "inputs", {"kind": "four_parts", "rows": 24})
 
 
 def test_a_dataloader_that_shards_itself_is_refused_naming_what_to_pass(runs):

@@ -44,14 +44,18 @@ def initialize(plan: Plan | None = None) -> bool:
     """
     import jax
 
+    from keras_mgpu_plugins.compat import check_keras_for_distribution
+
     if jax.distributed.is_initialized():  # by kmp, or by the script (keras.distribution)
         several = jax.process_count() > 1
         if several:
+            check_keras_for_distribution()
             _install_worker_checks()
         return several
     plan = plan or planned_processes()
     if plan is None:
         return False
+    check_keras_for_distribution()  # the version policy of every lane, before Keras's code
     host, _, port = plan.coordinator_address.rpartition(":")
     bind = f"127.0.0.1:{port}" if host in _LOCAL_HOSTS else None
     if jax.config.jax_cpu_collectives_implementation in (None, ""):
@@ -101,6 +105,9 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
             distribution = _distribution(strategy, devices, layout_map)
             if distribution is None:
                 return _checked(fn, fn(*args, **kwargs), False, require_compiled)
+            from keras_mgpu_plugins.compat import check_keras_for_distribution
+
+            check_keras_for_distribution()  # the version policy of every lane
             with distribution.scope():  # the model's variables laid out as they are created
                 model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
             from keras_mgpu_plugins.backends.jax import methods

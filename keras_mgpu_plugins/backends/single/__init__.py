@@ -23,6 +23,16 @@ def runtime_of(model: Any = None) -> Any:
     return SingleProcess()
 
 
+def saving_in_a_job() -> str:
+    """No job of several processes on this backend (messages)."""
+    return "this backend trains in one process only"
+
+
+def apart(model: Any) -> None:
+    """One process: no model trains apart from others (`runtime.apart`)."""
+    return None
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """One device only: Keras has no distributed `fit` on this backend."""
     if n == 1:

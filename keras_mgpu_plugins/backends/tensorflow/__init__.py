@@ -17,6 +17,18 @@ def runtime_of(model: Any = None) -> Any:
     return TensorFlowRuntime.for_model(model)
 
 
+def saving_in_a_job() -> str:
+    """What saving the model takes in a job of several processes on this lane (messages)."""
+    return "saving a model under MultiWorkerMirroredStrategy needs every worker"
+
+
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other workers, or `None` (`runtime.apart`)."""
+    from keras_mgpu_plugins.backends.tensorflow.runtime import apart as why
+
+    return why(model)
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """Splits the first GPU (else the CPU) into `n` logical devices."""
     from keras_mgpu_plugins.backends.tensorflow.devices import simulate_devices as split
