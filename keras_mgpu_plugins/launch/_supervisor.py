@@ -118,6 +118,7 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     environ = {**environ, **tuning,
                "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
+               _stop_signals.STOP_GRACE_ENV: f"{stop_grace:g}",
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
     if output == "all":  # every worker's fit/evaluate/predict shows its progress bar
         environ["KMP_OUTPUT"] = "all"
