@@ -36,7 +36,11 @@ from keras_mgpu_plugins.launch._errors import (
 )
 from keras_mgpu_plugins.launch._failures import _raise_first_failure
 from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
-from keras_mgpu_plugins.launch._tuning import MIN_PARAMETER_SERVER_INTEROP, worker_tuning
+from keras_mgpu_plugins.launch._tuning import (
+    MIN_PARAMETER_SERVER_INTEROP,
+    threads_line,
+    worker_tuning,
+)
 
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
@@ -107,10 +111,16 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
     os.mkdir(job_dir)
     tasks = _tasks.layout(num_workers, spec.get("num_ps", 0))
-    environ = {**environ, **worker_tuning(environ, len(tasks), min_interop=(
-        MIN_PARAMETER_SERVER_INTEROP if spec.get("num_ps") else 1)),
+    tuning = worker_tuning(environ, len(tasks), min_interop=(
+        MIN_PARAMETER_SERVER_INTEROP if spec.get("num_ps") else 1))
+    program = "kmp.launch" if payload is not None else "kmp-launch"
+    said = threads_line(program, environ, tuning, len(tasks))
+    if said:
+        print(said, file=sys.stderr, flush=True)
+    environ = {**environ, **tuning,
                "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
+               _stop_signals.STOP_GRACE_ENV: f"{stop_grace:g}",
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
     if output == "all":  # every worker's fit/evaluate/predict shows its progress bar
         environ["KMP_OUTPUT"] = "all"
@@ -199,7 +209,7 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
         if signum is not None and forwarded is None:
             forwarded, stop_end = signum, time.monotonic() + stop_grace
             _signals.forward(workers, signum, stop_grace,
-                             "kmp.launch" if expects_result else "kmp-launch")
+                             "kmp.launch" if expects_result else "kmp-launch", job_dir)
         elif signum is not None:  # a second one: stop now
             _stop(workers)
             raise _signals.again_error(signum, forwarded)

@@ -4,7 +4,9 @@
 (`kmp-launch`, kmp's shared shuffle of the global rows) and on 2 devices of one
 process (Keras's own shuffle, drawn from NumPy's global random state): SIGTERM to one
 process stops every process at one step with the backup written (exit code 75), and
-the same command again ends with the weights of the uninterrupted run, bit for bit.
+the same command again ends with the weights of the uninterrupted run, bit for bit. The
+processes check at every step here (`--stop-check-interval 0`): that step is the batch after
+the signal (at the defaults: `tests/multi_worker/test_stop_at_defaults.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def run(tmp_path, name, *options, processes=2, devices=1):
     """`kmp-launch -n PROCESSES scripts/preempt.py` (or the script alone for one process)."""
     out = str(tmp_path / name)
     env = {**helpers.environment(), **helpers.simulated_devices(devices)}
-    script = [str(SCRIPT), str(tmp_path / "backup"), out, *options]
+    script = [str(SCRIPT), str(tmp_path / "backup"), out, "--stop-check-interval", "0", *options]
     command = ([sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(processes),
                 "--timeout", "250", *script] if processes > 1 else [sys.executable, *script])
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -53,10 +55,10 @@ def test_sigterm_stops_at_one_step_and_the_rerun_is_bit_exact(tmp_path, processe
     code, err, _ = run(stopped, "stopped", "--signal-at", f"1:2:{processes - 1}",
                        processes=processes, devices=devices)
     assert code == 75, err[-3000:]
-    assert "in epoch 2 (of the progress bar), after 4 of its batches; BackupAndRestore saved" in err
+    assert "in epoch 2 (of the progress bar), after 3 of its batches; BackupAndRestore saved" in err
     with open(stopped / "backup" / "training_metadata.json") as f:
         record = json.load(f)
-    assert (record["epoch"], record["batches_done"]) == (1, 4)
+    assert (record["epoch"], record["batches_done"]) == (1, 3)
     # the shuffle is one device's, drawn from NumPy's state at the epoch's start: no order
     # of kmp's own to record, on one process or several
     assert record["training"]["data_order"] is None and record["training"]["numpy_rng"]

@@ -17,7 +17,7 @@ import functools
 import inspect
 from typing import Any
 
-from keras_mgpu_plugins.backends.torch import collectives, feeding, models
+from keras_mgpu_plugins.backends.torch import collectives, feeding, models, threads
 from keras_mgpu_plugins.inputs import arrays
 from keras_mgpu_plugins.runtime import calls
 
@@ -43,6 +43,7 @@ def _arranged(name: str, original: Any) -> Any:
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        threads.share_interop()  # the launcher's share, after the script's own setting
         found = models.arranged(self)
         if found is None:
             return original(self, *args, **kwargs)
