@@ -171,8 +171,9 @@ def _check_strategy(strategy: Any, devices: Any, micro_batches: Any, layout_map:
 
 
 def _distribution(strategy: str, devices: Any, layout_map: Any = None) -> Any:
-    """The `DataParallel` over every device of every process (`None` for "default"), or a
-    fresh `ModelParallel` for "model_parallel" and "hybrid" (`backends.jax.model_parallel`)."""
+    """The `DataParallel` over every device of every process (`None` for "default", and on a
+    job of one device: plain Keras), or a fresh `ModelParallel` for "model_parallel" and
+    "hybrid" (`backends.jax.model_parallel`)."""
     if strategy == "default":
         return None
     initialize()
