@@ -178,8 +178,9 @@ def _check_strategy(strategy: Any, devices: Any, micro_batches: Any, layout_map:
 
 
 def _distribution(strategy: str, devices: Any, layout_map: Any = None) -> Any:
-    """The `DataParallel` over every device of every process (`None` for "default"), or a
-    fresh `ModelParallel` for "model_parallel" and "hybrid" (`backends.jax.model_parallel`)."""
+    """The `DataParallel` over every device of every process (`None` for "default", and on a
+    job of one device: plain Keras), or a fresh `ModelParallel` for "model_parallel" and
+    "hybrid" (`backends.jax.model_parallel`)."""
     if strategy == "default":
         return None
     initialize()
@@ -191,6 +192,12 @@ def _distribution(strategy: str, devices: Any, layout_map: Any = None) -> Any:
 
         return model_parallel.distribution(devices, layout_map, strategy == "hybrid")
 
+    if jax.device_count() == 1 and (devices is None or len(devices) == 1):
+        # One device in the whole job: plain Keras, as TensorFlow's "auto" gives no strategy
+        # there. A DataParallel of one device compiles the train step twice more than plain
+        # Keras (its variables, made on the device, are not laid out on the one-device mesh
+        # the step's outputs are, nor are its metrics' after a reset) and lays out each batch.
+        return None
     if devices is not None:
         if jax.process_count() > 1:
             raise ValueError("devices names this process's devices; with several processes the "
