@@ -134,10 +134,14 @@ def parallelize(
         )
     from keras_mgpu_plugins import _backend
     from keras_mgpu_plugins.cluster.partition import Partition
+    from keras_mgpu_plugins.verify import _config as verify_run
 
     partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
     extra = {} if partition.is_default else {"partition": partition}
-    return _backend.active().parallelize_factory(
+    decorated = _backend.active().parallelize_factory(
         factory, strategy=strategy, devices=devices, require_compiled=require_compiled,
         micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map,
         **extra)
+    if verify_run.current() is None:
+        return decorated
+    return verify_run.marking(decorated, is_decorator=factory is None)  # kmp-verify's runs

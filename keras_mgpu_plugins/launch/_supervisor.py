@@ -59,7 +59,8 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         timeout: Seconds the run may take, or `None`.
         environ: The workers' environment, before the launcher's variables.
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
-        output: `"chief"` (only worker 0's output is relayed here) or `"all"`.
+        output: `"chief"` (only worker 0's output is relayed here), `"all"`, or `"none"`
+            (the log files only: kmp-verify's runs, which run side by side).
         log_dir: Folder of the workers' log files (default: `output_paths`).
         stop_grace: Seconds the workers get after a stop signal (`launch._signals`).
 
@@ -127,7 +128,8 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
             start_new_session=True,
         )
         return _Worker(index, proc, spec_path, job_dir, os.path.join(log_dir, task.log_name),
-                       shown=output == "all" or index == 0, label=task.label,
+                       shown=output == "all" or (index == 0 and output != "none"),
+                       label=task.label,
                        serves=task.serves)
 
     workers.extend(start(index) for index in range(len(tasks)))
