@@ -30,6 +30,7 @@ def parallelize(
     variable_partitioner: Any = "auto",
     min_shard_bytes: int | None = None,
     max_shards: int | None = None,
+    random_layers: str = "per_replica",
 ) -> Callable[[F], F]: ...
 
 
@@ -45,6 +46,7 @@ def parallelize(
     variable_partitioner: Any = "auto",
     min_shard_bytes: int | None = None,
     max_shards: int | None = None,
+    random_layers: str = "per_replica",
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -105,6 +107,13 @@ def parallelize(
             (default 256 KiB, TensorFlow's advice).
         max_shards: For `variable_partitioner="auto"`: the most shards of one variable
             (default: the number of parameter servers).
+        random_layers: `"per_replica"` (default): a Dropout, GaussianNoise or random
+            augmentation layer draws on each replica (TensorFlow) or process (torch) for
+            its own rows, other numbers than one device draws for the same rows.
+            `"one_device"`: each draws one device's numbers for the global batch and keeps
+            its rows, so N devices train as one device (one small all-gather and an N times
+            larger draw per random layer and step). JAX draws over the global batch
+            either way. In kmp-verify's runs it is `"one_device"`.
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -132,9 +141,11 @@ def parallelize(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
-    from keras_mgpu_plugins import _backend
+    from keras_mgpu_plugins import _backend, _random_layers
     from keras_mgpu_plugins.cluster.partition import Partition
     from keras_mgpu_plugins.verify import _config as verify_run
+
+    _random_layers.check(random_layers)
 
     partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
     extra = {} if partition.is_default else {"partition": partition}
@@ -142,6 +153,31 @@ def parallelize(
         factory, strategy=strategy, devices=devices, require_compiled=require_compiled,
         micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map,
         **extra)
-    if verify_run.current() is None:
+    run = verify_run.current()  # a process of a kmp-verify run: its models are marked
+    one_device = random_layers == "one_device" or (run is not None and run.random_layers ==
+                                                   "one_device")
+    if run is None and not one_device:
         return decorated
-    return verify_run.marking(decorated, is_decorator=factory is None)  # kmp-verify's runs
+    return _each_model(decorated, factory is None, run is not None, one_device)
+
+
+def _each_model(decorated: Any, is_decorator: bool, mark: bool, one_device: bool) -> Any:
+    """`decorated` (the wrapped factory, or the decorator), whose models are marked as built
+    by kmp (kmp-verify) and draw one device's random numbers (`random_layers`)."""
+    import functools
+
+    def wrap(factory: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(factory)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from keras_mgpu_plugins import _random_layers
+            from keras_mgpu_plugins.verify import _config as verify_run
+
+            with verify_run.Building():
+                model = factory(*args, **kwargs)
+            if one_device:
+                _random_layers.draw_as_one_device(model)
+            return verify_run.mark_built(model) if mark else model
+
+        return wrapper
+
+    return (lambda fn: wrap(decorated(fn))) if is_decorator else wrap(decorated)

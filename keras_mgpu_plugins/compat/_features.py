@@ -294,28 +294,9 @@ FEATURES: tuple[Patch, ...] = (
 )
 
 from keras_mgpu_plugins.compat._torch_features import TORCH_FEATURES  # noqa: E402
-
-_VERIFY_WHEN = "in the processes of a kmp-verify run (kmp.verify), once Keras is imported"
-#: kmp-verify's (`keras_mgpu_plugins.verify`): outside every other wrapper of these methods,
-#: so it sees the script's own arguments (the torch lane's record is the outermost before it).
-VERIFY_FEATURES: tuple[Patch, ...] = (
-    _feature(
-        "verify_records_calls", "keras_mgpu_plugins.verify._hooks:wrap_methods",
-        "kmp-verify cannot compare one device with N: the first fit's steps, its data's "
-        "fingerprint, evaluate and predict are not recorded",
-        ("keras.Model.fit", "keras.Model.evaluate", "keras.Model.predict"), _VERIFY_WHEN,
-        lambda: _fit_takes("callbacks", "x", "batch_size"),
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/"
-                 "trainer.py",
-        after=("same_calls_on_every_worker", "torch_one_model_per_job",
-               "parameter_server_methods")),
-    _feature(
-        "verify_noise_rows_reversed", "keras_mgpu_plugins.verify._hooks:reverse_rows",
-        "kmp-verify has no measure of the script's float noise (its noise run trains each "
-        "batch with its rows in the same order)", ("keras.Model.train_step",),
-        "the first fit of kmp-verify's noise run (one device), on the fitted model",
-        lambda: _has("keras.Model.train_step"),
-        after=("placed_train_step", "torch_steps_as_one_device"), per_instance=True),
+from keras_mgpu_plugins.compat._verify_features import (  # noqa: E402
+    RANDOM_FEATURES,
+    VERIFY_FEATURES,
 )
 
-FEATURES += TORCH_FEATURES + VERIFY_FEATURES
+FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES

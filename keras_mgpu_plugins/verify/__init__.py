@@ -15,30 +15,24 @@ is `_hooks` / `_recorder`; the comparison `_compare`, `_checks`, `_causes`; the 
 from __future__ import annotations
 
 import copyreg
-import json
-import os
 import sys
-import tempfile
-import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keras_mgpu_plugins.verify._report import CANNOT, DIFFER, EQUAL, VerifyReport
+from keras_mgpu_plugins.verify._verification import DEFAULT_STEPS
 
 __all__ = ["CANNOT", "DIFFER", "EQUAL", "VerifyReport", "main", "verify"]
 
-#: Training steps of the first fit recorded by default.
-DEFAULT_STEPS = 32
-#: The seed every run starts from.
-SEED = 1337
 
 
 def verify(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, *, steps: int = DEFAULT_STEPS,
            tolerance: float | None = None, processes: bool = False,
            json_path: str | None = None, timeout: float | None = None,
-           log_dir: str | None = None) -> VerifyReport:
+           log_dir: str | None = None, random_layers: str = "one_device",
+           fits: int = 1) -> VerifyReport:
     """Runs `fn(*args, **kwargs)` on one device and on `num_workers` devices, and compares.
 
     `fn` builds its model with a `@kmp.parallelize` factory and calls `fit` (then, if it
@@ -69,6 +63,12 @@ def verify(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         json_path: Where to write the report as JSON.
         timeout: Seconds each run may take (`None`: no limit).
         log_dir: Folder of the runs' outputs (default: a new temporary folder, kept).
+        random_layers: `"one_device"`: the random layers (Dropout, GaussianNoise, random
+            augmentation) of the models `@kmp.parallelize` builds draw one device's numbers
+            in every run (`@kmp.parallelize(random_layers="one_device")`), so that they do
+            not make the comparison meaningless; `"script"`: as the script says.
+        fits: How many of the script's fits to compare (the first ones), each with the
+            `evaluate` and `predict` that follow it.
 
     Returns:
         A `VerifyReport`: `.verdict` is `"equal"`, `"differ"` or `"cannot compare"`;
@@ -85,86 +85,13 @@ def verify(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     """
     from keras_mgpu_plugins.launch import _pickle_payload
     from keras_mgpu_plugins.verify._runs import Target
+    from keras_mgpu_plugins.verify._verification import check, run
 
-    _check(num_workers, steps, tolerance, timeout)
+    check(num_workers, steps, tolerance, timeout, random_layers, fits)
     payload = _pickle_payload(fn, tuple(args), dict(kwargs or {}))
     return run(Target(payload=payload), num_workers, steps=steps, tolerance=tolerance,
-               processes=processes, json_path=json_path, timeout=timeout, log_dir=log_dir)
-
-
-def _check(num_workers: Any, steps: Any, tolerance: Any, timeout: Any) -> None:
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
-        raise ValueError("num_workers must be an integer of at least 2 (the devices or "
-                         f"processes compared with one device). Received: num_workers={num_workers!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer. Received: steps={steps!r}")
-    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
-            tolerance, (int, float)) or not tolerance >= 0):
-        raise ValueError("tolerance must be a number of at least 0, or None (the measured "
-                         f"noise). Received: tolerance={tolerance!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds or None. Received: "
-                         f"timeout={timeout!r}")
-
-
-def backend_name() -> str:
-    """The Keras backend the runs will use, read as Keras reads it, without importing it."""
-    name = os.environ.get("KERAS_BACKEND")
-    if name:
-        return name
-    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    try:
-        with open(os.path.join(home, "keras.json"), encoding="utf-8") as f:
-            return json.load(f).get("backend", "tensorflow")
-    except (OSError, ValueError):
-        return "tensorflow"
-
-
-def run(target: Any, num_workers: int, *, steps: int, tolerance: float | None,
-        processes: bool, json_path: str | None, timeout: float | None,
-        log_dir: str | None) -> VerifyReport:
-    """The verification of `target` (a `_runs.Target`): the runs, then the report."""
-    from keras_mgpu_plugins.launch._common import resolve_stall_timeout
-    from keras_mgpu_plugins.verify import _checks, _runs
-
-    started = time.monotonic()
-    backend = backend_name()
-    log_dir = log_dir or tempfile.mkdtemp(prefix="kmp-verify-")
-    with tempfile.TemporaryDirectory(prefix="kmp-verify-records-") as folder:
-        configs = _runs.plan(num_workers, processes, backend, tolerance is None, steps,
-                             folder, SEED)
-        results = _runs.start(target, configs, timeout, log_dir, resolve_stall_timeout("auto"))
-    report = VerifyReport(CANNOT, num_workers=num_workers,
-                          processes=processes or backend == "torch", backend=backend,
-                          log_dir=log_dir)
-    report.reasons = _checks.reasons(results)
-    if not report.reasons:
-        _compared(report, results, tolerance, backend)
-    report.seconds = time.monotonic() - started
-    if json_path:
-        report.to_json(json_path)
-    return report
-
-
-def _compared(report: VerifyReport, results: dict, tolerance: float | None,
-              backend: str) -> None:
-    import dataclasses
-
-    from keras_mgpu_plugins.verify import _causes, _compare
-
-    reference, parallel = results["reference"].chief, results["parallel"].chief
-    noise = results["noise"].chief if "noise" in results else None
-    comparison = _compare.compare(reference, parallel, noise, tolerance)
-    report.verdict = EQUAL if comparison.equal else DIFFER
-    report.steps = comparison.steps
-    report.rows = [{**dataclasses.asdict(row), "within": row.within} for row in comparison.rows]
-    report.first_step, report.first_what = comparison.first_step, comparison.first_what
-    report.top_variables = comparison.top_variables
-    facts = parallel.get("facts") or {}
-    if report.verdict == DIFFER:
-        report.causes = _causes.likely(facts, comparison, backend)
-    report.notes = list(parallel.get("notes", []))
+               processes=processes, json_path=json_path, timeout=timeout, log_dir=log_dir,
+               random_layers=random_layers, fits=fits)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,7 +58,13 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
             "replica normalises over its own share of the batch. Use "
             "@kmp.parallelize(sync_batchnorm=True)")
     drawing = [r["layer"] for r in facts["random_layers"] if r["draws"]]
-    if drawing and not facts.get("random_layers_as_one_device"):
+    uncovered = facts.get("uncovered") or []
+    if uncovered:
+        add(6, "random_layers",
+            f"layers drawing random numbers ({', '.join(uncovered[:4])}) draw through a "
+            "function kmp cannot draw as one device (categorical, shuffle, gamma, binomial, "
+            "beta): each replica draws other numbers than one device")
+    elif drawing and not facts.get("random_layers_as_one_device"):
         add(5, "random_layers",
             f"layers drawing random numbers ({', '.join(drawing[:4])}) draw other numbers on "
             "each replica than one device draws for the same rows. Use "

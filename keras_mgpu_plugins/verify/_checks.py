@@ -57,30 +57,40 @@ def reasons(runs: dict[str, Any]) -> list[str]:
     for name, record in records.items():
         if name == "reference":
             continue
-        if record["data"] != reference["data"]:
-            found.append(f"the first fit trains on other data in the {_NAMES[name]} run than "
-                         f"on one device (fingerprints {record['data']} and "
-                         f"{reference['data']}): a random source kmp cannot seed, or data "
-                         f"that depend on the device count.{hint}")
-        settings = {k: (reference["settings"].get(k), v)
-                    for k, v in record["settings"].items()
-                    if k != "others" and reference["settings"].get(k) != v}
-        if record["settings"].get("others") != reference["settings"].get("others"):
-            settings["y, sample_weight or validation_data"] = ("", "")
-        if settings:
-            named = ", ".join(f"{k} ({a!r} on one device, {b!r} here)" if a != "" else k
-                              for k, (a, b) in settings.items())
-            found.append(f"the first fit is called otherwise in the {_NAMES[name]} run: "
-                         f"{named}. kmp's batch_size is the global batch: leave it as on "
-                         f"one device.{hint}")
-        worst = _initial_difference(reference["initial"], record["initial"])
-        if worst > INITIAL_TOLERANCE:
-            found.append(f"the model starts from other weights in the {_NAMES[name]} run "
-                         f"(largest difference {worst:.2g}): an initializer or a build that "
-                         f"reads a random source kmp cannot seed.{hint}")
-    if not found and not reference["steps"]:
+        if len(record["fits"]) != len(reference["fits"]):
+            found.append(f"the script calls fit {len(record['fits'])} time(s) in the "
+                         f"{_NAMES[name]} run, {len(reference['fits'])} on one device.")
+            continue
+        for index, (mine, theirs) in enumerate(zip(record["fits"], reference["fits"],
+                                                   strict=True)):
+            which = "the first fit" if index == 0 else f"fit {index + 1}"
+            found += _fit_reasons(which, _NAMES[name], mine, theirs, hint)
+    if not found and not any(fit["steps"] for fit in reference["fits"]):
         found.append("the first fit trained no step: nothing to compare.")
     return list(dict.fromkeys(found))
+
+
+def _fit_reasons(which: str, run: str, record: dict, reference: dict, hint: str) -> list[str]:
+    found = []
+    if record["data"] != reference["data"]:
+        found.append(f"{which} trains on other data in the {run} run than on one device "
+                     f"(fingerprints {record['data']} and {reference['data']}): a random "
+                     f"source kmp cannot seed, or data that depend on the device count.{hint}")
+    settings = {k: (reference["settings"].get(k), v) for k, v in record["settings"].items()
+                if k != "others" and reference["settings"].get(k) != v}
+    if record["settings"].get("others") != reference["settings"].get("others"):
+        settings["y, sample_weight or validation_data"] = ("", "")
+    if settings:
+        named = ", ".join(f"{k} ({a!r} on one device, {b!r} here)" if a != "" else k
+                          for k, (a, b) in settings.items())
+        found.append(f"{which} is called otherwise in the {run} run: {named}. kmp's "
+                     f"batch_size is the global batch: leave it as on one device.{hint}")
+    worst = _initial_difference(reference["initial"], record["initial"])
+    if worst > INITIAL_TOLERANCE:
+        found.append(f"{which} starts from other weights in the {run} run (largest "
+                     f"difference {worst:.2g}): an initializer or a build that reads a random "
+                     f"source kmp cannot seed.{hint}")
+    return found
 
 
 def _initial_difference(a: dict | None, b: dict | None) -> float:

@@ -40,19 +40,23 @@ examples:
   KERAS_BACKEND=torch kmp-verify -n 2 train.py       # 2 processes"""
 
 _VALUE_OPTIONS = ("-n", "--num-workers", "--steps", "--tolerance", "--json", "--timeout",
-                  "--log-dir")
+                  "--log-dir", "--random-layers", "--fits")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-verify", description=_DESCRIPTION, epilog=_EPILOG,
-        usage="kmp-verify [-n N] [--steps K] [--tolerance T] [--processes] [--json PATH] "
-              "[--timeout SECONDS] [--log-dir DIR] (script.py | -m module) [args ...]",
+        usage="kmp-verify [-n N] [--steps K] [--fits F] [--tolerance T] [--processes] [--json PATH] "
+              "[--random-layers {one_device,script}] [--timeout SECONDS] [--log-dir DIR] "
+              "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--num-workers", type=int, default=2, metavar="N",
                         help="devices (or processes) compared with one device (default: 2)")
     parser.add_argument("--steps", type=int, default=None, metavar="K",
                         help="training steps of the first fit to compare (default: 32)")
+    parser.add_argument("--fits", type=int, default=1, metavar="F",
+                        help="how many of the script's fits to compare, the first ones, each "
+                             "with the evaluate and predict after it (default: 1)")
     parser.add_argument("--tolerance", type=float, default=None, metavar="T",
                         help="absolute tolerance of every figure (default: 10 times the "
                              "script's measured noise; the noise run is then skipped)")
@@ -60,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="N processes of one device each instead of N devices in one "
                              "process (on torch always)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--random-layers", choices=("one_device", "script"),
+                        default="one_device",
+                        help="one_device (default): random layers (Dropout, augmentation) "
+                             "draw one device's numbers in every run; script: as the script "
+                             "says (@kmp.parallelize(random_layers=...))")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="seconds each run may take (default: no limit)")
     parser.add_argument("--log-dir", metavar="DIR",
@@ -88,7 +97,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs kmp-verify; returns the exit code (0 equal, 1 differ or cannot compare, 2 usage)."""
-    from keras_mgpu_plugins import verify
+    from keras_mgpu_plugins.verify import _verification as verify
     from keras_mgpu_plugins.verify._runs import Target
 
     own, rest = _split(list(sys.argv[1:] if argv is None else argv))
@@ -99,9 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("give exactly one of a script or -m module. Received: "
                          f"script={options.script!r}, -m={options.module!r}")
         steps = verify.DEFAULT_STEPS if options.steps is None else options.steps
-        verify._check(options.num_workers, steps, options.tolerance, options.timeout)
+        verify.check(options.num_workers, steps, options.tolerance, options.timeout,
+                      options.random_layers, options.fits)
     except ValueError as err:
-        flag = str(err).replace("num_workers", "-n").replace("steps", "--steps")
+        flag = str(err).replace("num_workers", "-n").replace("steps", "--steps").replace(
+            "fits", "--fits")
         print(f"kmp-verify: {flag}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help, or a usage error argparse printed
@@ -116,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = verify.run(target, options.num_workers, steps=steps,
                             tolerance=options.tolerance, processes=options.processes,
                             json_path=options.json, timeout=options.timeout,
-                            log_dir=options.log_dir)
+                            log_dir=options.log_dir, random_layers=options.random_layers,
+                            fits=options.fits)
     except KeyboardInterrupt:
         print("kmp-verify: interrupted; every run was stopped.", file=sys.stderr)
         return 130

@@ -173,3 +173,25 @@ def _ends(result: Comparison, reference: dict, parallel: dict, noise: dict | Non
         result.rows.append(Row("predict", sum(int(np.size(p)) for p in reference["predict"]),
                                most(parallel["predict"], reference["predict"]), level,
                                _tolerance(level, tolerance)))
+
+
+def workers_agree(records: dict[int, dict], index: int) -> Row | None:
+    """With several processes: the largest difference between worker 0's fit `index` and
+    another worker's (logs at each step, variables at the end); they must be equal."""
+    if len(records) < 2:
+        return None
+    first = records[0]["fits"][index]
+    worst = 0.0
+    for worker, record in records.items():
+        if worker == 0:
+            continue
+        other = record["fits"][index] if index < len(record["fits"]) else None
+        if other is None or len(other["steps"]) != len(first["steps"]):
+            return Row("every process logs and holds the same", len(records), math.inf,
+                       None, 0.0)
+        for a, b in zip(first["steps"], other["steps"], strict=True):
+            worst = max(worst, *(_diff(b["logs"].get(k, math.nan), v)
+                                 for k, v in a["logs"].items()), 0.0)
+        if first.get("final") and other.get("final"):
+            worst = max(worst, *_vars_diff(first["final"], other["final"]).values(), 0.0)
+    return Row("every process logs and holds the same", len(records), worst, None, 0.0)

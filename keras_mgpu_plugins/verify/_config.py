@@ -35,6 +35,10 @@ class Config:
         workers: Processes of the run.
         steps: Training steps of the first `fit` to record; the fit stops after them.
         seed: The seed every run starts from (`keras.utils.set_random_seed`).
+        fits: How many fits to compare (the first ones).
+        random_layers: `"one_device"`: the random layers of the models `@kmp.parallelize`
+            builds draw one device's numbers (its `random_layers` option); `"script"`: as
+            the script says.
     """
 
     folder: str
@@ -43,6 +47,8 @@ class Config:
     workers: int = 1
     steps: int = 32
     seed: int = 1337
+    random_layers: str = "one_device"
+    fits: int = 1
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -88,18 +94,21 @@ def built_by_kmp(model: Any) -> bool:
     return model in _BUILT
 
 
-def marking(decorated: Any, is_decorator: bool) -> Any:
-    """`@kmp.parallelize`'s result in a verify run: the models its factory returns are
-    marked (`mark_built`). `decorated` is the wrapped factory, or the decorator."""
-    import functools
+#: How many `@kmp.parallelize` factories are running now (a fit inside one, a teacher
+#: trained while the factory builds its student, belongs to the building).
+_BUILDING: list[int] = [0]
 
-    def mark(factory: Any) -> Any:
-        @functools.wraps(factory)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return mark_built(factory(*args, **kwargs))
 
-        return wrapper
+def building() -> bool:
+    return _BUILDING[0] > 0
 
-    if is_decorator:
-        return lambda fn: mark(decorated(fn))
-    return mark(decorated)
+
+class Building:
+    """Marks the time a decorated factory runs (`with Building(): factory()`)."""
+
+    def __enter__(self) -> None:
+        _BUILDING[0] += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        _BUILDING[0] -= 1
+

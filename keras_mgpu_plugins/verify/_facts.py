@@ -67,6 +67,10 @@ def of(model: Any) -> dict[str, Any]:
             metrics.append({"name": inner.name, "module": type(inner).__module__ or "",
                             "class": type(inner).__name__})
     policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
+    drawing = random_layers(model)
+    as_one_device = bool(drawing) and all(
+        "random_layer_rows" in compat.applied_on(layer) for layer in layers
+        if layer.name in {entry["layer"] for entry in drawing})
     return {
         "batchnorm": [{"layer": layer.name, "synchronized": bool(getattr(layer, "synchronized",
                                                                          False))}
@@ -76,7 +80,8 @@ def of(model: Any) -> dict[str, Any]:
         "embeddings": [layer.name for layer in layers
                        if isinstance(layer, keras.layers.Embedding)],
         "metrics": metrics,
-        "random_layers": random_layers(model),
+        "random_layers": drawing,
+        "random_layers_as_one_device": as_one_device,
         "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
         "loss_scale": type(optimizer).__name__ == "LossScaleOptimizer",
         "dtype_policy": policy,

@@ -79,8 +79,9 @@ def wrapper(name: str, original: Any) -> Any:
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("_use_cached_eval_dataset") or _state.get("inside"):
-            return original(self, *args, **kwargs)  # fit's own validation, or nested
+        if kwargs.get("_use_cached_eval_dataset") or _state.get("inside") or \
+                _config.building():  # fit's own validation, nested, or in a kmp factory
+            return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         _state["inside"] = True
         try:
@@ -96,39 +97,42 @@ def wrapper(name: str, original: Any) -> Any:
 
 
 def _fit(model: Any, bound: inspect.BoundArguments, original: Any) -> Any:
-    data = record()
-    data.data["fit_calls"] += 1
-    if data.data["fit_calls"] > 1 or data.data["undecorated"]:
+    record_ = record()
+    record_.data["fit_calls"] += 1
+    config = _state["config"]
+    if len(record_.data["fits"]) >= config.fits or record_.data["undecorated"]:
         return original(*bound.args, **bound.kwargs)
     if not _config.built_by_kmp(model):
-        data.data["undecorated"].append(f"{type(model).__name__} {model.name!r}")
-        data.write(None)
+        record_.data["undecorated"].append(f"{type(model).__name__} {model.name!r}")
+        record_.write(None)
         return original(*bound.args, **bound.kwargs)
     from keras_mgpu_plugins.inputs import streams
     from keras_mgpu_plugins.verify import _fingerprint, _order
-    from keras_mgpu_plugins.verify._recorder import Recorder
+    from keras_mgpu_plugins.verify._recorder import Recorder, new_fit
 
+    fit = new_fit()
+    record_.data["fits"].append(fit)
     arguments = bound.arguments
-    data.fingerprint, arguments["x"] = _fingerprint.of_input(arguments.get("x"))
+    fit["fingerprint"], arguments["x"] = _fingerprint.of_input(arguments.get("x"))
     rest = {k: arguments.get(k) for k in ("y", "sample_weight", "validation_data")}
-    data.data["settings"] = {
+    fit["settings"] = {
         "others": _fingerprint.of_arrays(rest),
         **{k: _setting(arguments.get(k)) for k in ("batch_size", "epochs", "shuffle",
                                                    "validation_split", "steps_per_epoch",
                                                    "initial_epoch", "class_weight")}}
-    note = _order.fix(arguments, _state["config"].seed, streams.kind(arguments["x"]) is not None)
+    note = _order.fix(arguments, config.seed, streams.kind(arguments["x"]) is not None)
     if note:
-        data.data["notes"].append(note)
-    if _state["config"].run == "noise":
+        fit["notes"].append(note)
+    if config.run == "noise":
         from keras_mgpu_plugins import compat
 
         compat.apply_to("verify_noise_rows_reversed", model)
     callbacks = list(arguments.get("callbacks") or [])
-    arguments["callbacks"] = [*callbacks, Recorder(data, _state["config"].steps)]
+    arguments["callbacks"] = [*callbacks, Recorder(record_, fit, config.steps)]
     try:
         return original(*bound.args, **bound.kwargs)
     finally:
-        if _state["config"].run == "noise":
+        if config.run == "noise":
             from keras_mgpu_plugins import compat
 
             compat.remove_from("verify_noise_rows_reversed", model)
@@ -139,27 +143,33 @@ def _setting(value: Any) -> Any:
     return value if value is None or isinstance(value, (int, float, bool, str)) else repr(value)
 
 
+def _last_fit() -> dict | None:
+    """The compared fit the next evaluate / predict belongs to (`None`: none yet)."""
+    fits = record().data["fits"]
+    return fits[-1] if fits and fits[-1]["steps"] else None
+
+
 def _evaluate(model: Any, bound: inspect.BoundArguments, original: Any) -> Any:
-    data = record()
-    if data.data["evaluate"] is not None or not data.data["steps"]:
+    fit = _last_fit()
+    if fit is None or fit["evaluate"] is not None:
         return original(*bound.args, **bound.kwargs)
     from keras_mgpu_plugins.verify._recorder import TestRecorder
 
     callbacks = list(bound.arguments.get("callbacks") or [])
-    bound.arguments["callbacks"] = [*callbacks, TestRecorder(data)]
+    bound.arguments["callbacks"] = [*callbacks, TestRecorder(fit)]
     result = original(*bound.args, **bound.kwargs)
-    data.write(model)
+    record().write(model)
     return result
 
 
 def _predict(model: Any, bound: inspect.BoundArguments, original: Any) -> Any:
-    data = record()
+    fit = _last_fit()
     result = original(*bound.args, **bound.kwargs)
-    if data.data["predict"] is None and data.data["steps"]:
+    if fit is not None and fit["predict"] is None:
         from keras_mgpu_plugins.verify._recorder import predictions
 
-        data.data["predict"] = predictions(result)
-        data.write(model)
+        fit["predict"] = predictions(result)
+        record().write(model)
     return result
 
 

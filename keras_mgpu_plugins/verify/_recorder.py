@@ -65,25 +65,32 @@ def variables_of(model: Any, with_optimizer: bool = False) -> dict[str, np.ndarr
     return found
 
 
+def new_fit() -> dict[str, Any]:
+    """What is recorded of one compared `fit` (and the `evaluate` / `predict` after it)."""
+    return {"steps": [], "epochs": [], "evaluate": None, "predict": None, "initial": None,
+            "final": None, "facts": None, "data": None, "settings": None, "notes": [],
+            "fingerprint": None}
+
+
 class Record:
-    """What this process recorded, written after each part."""
+    """What this process recorded, written after each part: `data["fits"]` holds one
+    `new_fit()` per compared fit, in order."""
 
     def __init__(self, config: _config.Config) -> None:
         self.config = config
-        self.data: dict[str, Any] = {"run": config.run, "steps": [], "epochs": [],
-                                     "fit_calls": 0, "undecorated": [], "evaluate": None,
-                                     "predict": None, "initial": None, "final": None,
-                                     "facts": None, "data": None, "settings": None,
-                                     "notes": []}
-        self.fingerprint: Any = None
+        self.data: dict[str, Any] = {"run": config.run, "fits": [], "fit_calls": 0,
+                                     "undecorated": []}
 
     def write(self, model: Any = None) -> None:
+        from keras_mgpu_plugins import _random_layers
         from keras_mgpu_plugins.verify import _fingerprint, _sources
 
-        if self.fingerprint is not None:
-            self.data["data"] = _fingerprint.final(self.fingerprint)
+        for fit in self.data["fits"]:
+            if fit["fingerprint"] is not None:
+                fit["data"] = _fingerprint.final(fit["fingerprint"])
         self.data["unseedable"] = list(_sources.UNSEEDABLE)
         self.data["clock"] = list(_sources.CLOCK)
+        self.data["uncovered"] = list(_random_layers.UNCOVERED)
         worker = 0
         if model is not None:
             from keras_mgpu_plugins import runtime
@@ -93,7 +100,8 @@ class Record:
             self.data["workers"] = rank.num_workers
         self.data.setdefault("workers", 1)
         path = os.path.join(self.config.folder, f"{self.config.run}-{worker}.pkl")
-        atomic.write_bytes_atomic(path, pickle.dumps(self.data))
+        fits = [{k: v for k, v in f.items() if k != "fingerprint"} for f in self.data["fits"]]
+        atomic.write_bytes_atomic(path, pickle.dumps({**self.data, "fits": fits}))
 
 
 def _keras_callback() -> type:
@@ -105,48 +113,46 @@ def _keras_callback() -> type:
 class Recorder(_keras_callback()):  # type: ignore[misc]
     """Records the first `steps` training steps of a fit, then stops it."""
 
-    def __init__(self, record: Record, steps: int) -> None:
+    def __init__(self, record: Record, fit: dict, steps: int) -> None:
         super().__init__()
-        self.record, self.steps = record, steps
+        self.record, self.fit, self.steps = record, fit, steps
         self.step = self.offset = 0
         self.done = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        data = self.record.data
-        data["facts"] = _facts.of(self.model)
-        data["initial"] = {k: sample(v) for k, v in variables_of(self.model).items()}
+        self.fit["facts"] = _facts.of(self.model)
+        self.fit["initial"] = {k: sample(v) for k, v in variables_of(self.model).items()}
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.done:
             return
         self.step = self.offset + batch + 1
         variables = {k: sample(v) for k, v in variables_of(self.model).items()}
-        self.record.data["steps"].append({"step": self.step, "logs": _floats(logs),
-                                          "variables": variables})
+        self.fit["steps"].append({"step": self.step, "logs": _floats(logs),
+                                  "variables": variables})
         if self.step >= self.steps:
             self.done = True
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.offset = self.step
-        if len(self.record.data["epochs"]) <= epoch and (self.step <= self.steps):
-            self.record.data["epochs"].append({"epoch": epoch, "step": self.step,
-                                               "logs": _floats(logs)})
+        if self.step <= self.steps and not any(e["epoch"] == epoch for e in self.fit["epochs"]):
+            self.fit["epochs"].append({"epoch": epoch, "step": self.step, "logs": _floats(logs)})
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self.record.data["final"] = variables_of(self.model, with_optimizer=True)
+        self.fit["final"] = variables_of(self.model, with_optimizer=True)
         self.record.write(self.model)
 
 
 class TestRecorder(_keras_callback()):  # type: ignore[misc]
     """Keeps the logs the first `evaluate` ends with."""
 
-    def __init__(self, record: Record) -> None:
+    def __init__(self, fit: dict) -> None:
         super().__init__()
-        self.record = record
+        self.fit = fit
 
     def on_test_end(self, logs: dict | None = None) -> None:
-        self.record.data["evaluate"] = _floats(logs)
+        self.fit["evaluate"] = _floats(logs)
 
 
 def predictions(outputs: Any) -> list[np.ndarray]:

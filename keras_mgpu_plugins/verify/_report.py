@@ -26,6 +26,7 @@ class VerifyReport:
         steps: Training steps compared.
         rows: The table: per figure, `figure`, `count`, `difference`, `noise` (`None`
             when a tolerance was given), `tolerance`, `within`.
+        first_fit: Which compared fit parted first (1: the first).
         first_step: The first step at which a log or the variables left the noise.
         first_what: What left it there (log keys, "variables").
         top_variables: The variables (layer/name) that differ most at that step, with
@@ -43,6 +44,7 @@ class VerifyReport:
     backend: str = ""
     steps: int = 0
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    first_fit: int | None = None
     first_step: int | None = None
     first_what: str = ""
     top_variables: list[tuple[str, float]] = dataclasses.field(default_factory=list)
@@ -82,7 +84,7 @@ class VerifyReport:
     def __str__(self) -> str:
         where = (f"{self.num_workers} processes" if self.processes
                  else f"{self.num_workers} devices")
-        head = (f"kmp-verify: one device against {where} ({self.backend}), first fit, "
+        head = (f"kmp-verify: one device against {where} ({self.backend}), "
                 f"{self.steps} steps: {self.verdict.upper()}")
         lines = [head]
         if self.reasons:
@@ -91,7 +93,8 @@ class VerifyReport:
         if self.rows:
             lines += ["", _table(self.rows)]
         if self.verdict == DIFFER and self.first_step is not None:
-            lines += ["", f"The runs part at step {self.first_step} ({self.first_what})."]
+            which = f" of fit {self.first_fit}" if (self.first_fit or 1) > 1 else ""
+            lines += ["", f"The runs part at step {self.first_step}{which} ({self.first_what})."]
             if self.top_variables:
                 lines.append("Variables that differ most there: " + ", ".join(
                     f"{name} ({diff:.2g})" for name, diff in self.top_variables))

@@ -60,9 +60,11 @@ class RunResult:
 
 
 def plan(num_workers: int, processes: bool, backend: str, noise: bool, steps: int,
-         folder: str, seed: int) -> list[_config.Config]:
+         folder: str, seed: int, random_layers: str = "one_device",
+         fits: int = 1) -> list[_config.Config]:
     """The runs to start: their configs, in `_config.RUNS` order."""
-    one = {"folder": folder, "devices": 1, "workers": 1, "steps": steps, "seed": seed}
+    one = {"folder": folder, "devices": 1, "workers": 1, "steps": steps, "seed": seed,
+           "random_layers": random_layers, "fits": fits}
     runs = [_config.Config(run="reference", **one)]
     if noise:
         runs.append(_config.Config(run="noise", **one))

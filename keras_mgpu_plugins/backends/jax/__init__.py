@@ -143,3 +143,9 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: a random layer already draws over the global batch on JAX (its arrays
+    are global: `kmp.parallelize(random_layers="one_device")` changes nothing here)."""
+    return None

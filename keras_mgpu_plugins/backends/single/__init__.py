@@ -147,3 +147,8 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: one device: a random layer draws for the whole batch."""
+    return None

@@ -1,0 +1,113 @@
+"""The verification itself: the runs (`_runs`), then the report (`_checks`, `_compare`,
+`_causes`, `_report`). `kmp.verify` and `kmp-verify` call `run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from keras_mgpu_plugins.verify._report import CANNOT, DIFFER, EQUAL, VerifyReport
+
+#: Training steps of each compared fit recorded by default.
+DEFAULT_STEPS = 32
+#: The seed every run starts from.
+SEED = 1337
+
+
+def check(num_workers: Any, steps: Any, tolerance: Any, timeout: Any,
+           random_layers: Any = "one_device", fits: Any = 1) -> None:
+    if isinstance(fits, bool) or not isinstance(fits, int) or fits < 1:
+        raise ValueError(f"fits must be a positive integer. Received: fits={fits!r}")
+    if random_layers not in ("one_device", "script"):
+        raise ValueError('random_layers must be "one_device" or "script". Received: '
+                         f"random_layers={random_layers!r}")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 2:
+        raise ValueError("num_workers must be an integer of at least 2 (the devices or "
+                         f"processes compared with one device). Received: num_workers={num_workers!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer. Received: steps={steps!r}")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(
+            tolerance, (int, float)) or not tolerance >= 0):
+        raise ValueError("tolerance must be a number of at least 0, or None (the measured "
+                         f"noise). Received: tolerance={tolerance!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None. Received: "
+                         f"timeout={timeout!r}")
+
+
+def backend_name() -> str:
+    """The Keras backend the runs will use, read as Keras reads it, without importing it."""
+    name = os.environ.get("KERAS_BACKEND")
+    if name:
+        return name
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as f:
+            return json.load(f).get("backend", "tensorflow")
+    except (OSError, ValueError):
+        return "tensorflow"
+
+
+def run(target: Any, num_workers: int, *, steps: int, tolerance: float | None,
+        processes: bool, json_path: str | None, timeout: float | None,
+        log_dir: str | None, random_layers: str = "one_device", fits: int = 1) -> VerifyReport:
+    """The verification of `target` (a `_runs.Target`): the runs, then the report."""
+    from keras_mgpu_plugins.launch._common import resolve_stall_timeout
+    from keras_mgpu_plugins.verify import _checks, _runs
+
+    started = time.monotonic()
+    backend = backend_name()
+    log_dir = log_dir or tempfile.mkdtemp(prefix="kmp-verify-")
+    with tempfile.TemporaryDirectory(prefix="kmp-verify-records-") as folder:
+        configs = _runs.plan(num_workers, processes, backend, tolerance is None, steps,
+                             folder, SEED, random_layers, fits)
+        results = _runs.start(target, configs, timeout, log_dir, resolve_stall_timeout("auto"))
+    report = VerifyReport(CANNOT, num_workers=num_workers,
+                          processes=processes or backend == "torch", backend=backend,
+                          log_dir=log_dir)
+    report.reasons = _checks.reasons(results)
+    if not report.reasons:
+        _compared(report, results, tolerance, backend)
+    report.seconds = time.monotonic() - started
+    if json_path:
+        report.to_json(json_path)
+    return report
+
+
+def _compared(report: VerifyReport, results: dict, tolerance: float | None,
+              backend: str) -> None:
+    import dataclasses
+
+    from keras_mgpu_plugins.verify import _causes, _compare
+
+    reference, parallel = results["reference"].chief, results["parallel"].chief
+    noise = results["noise"].chief if "noise" in results else None
+    fits = len(reference["fits"])
+    report.verdict = EQUAL
+    for index in range(fits):
+        mine = parallel["fits"][index]
+        comparison = _compare.compare(reference["fits"][index], mine,
+                                      noise["fits"][index] if noise else None, tolerance)
+        agree = _compare.workers_agree(results["parallel"].records, index)
+        comparison.rows += [agree] if agree is not None else []
+        label = f"fit {index + 1}: " if fits > 1 else ""
+        report.steps += comparison.steps
+        report.rows += [{**dataclasses.asdict(row), "figure": label + row.figure,
+                         "within": row.within} for row in comparison.rows]
+        report.notes += [n for n in mine["notes"] if n not in report.notes]
+        facts = {**(mine.get("facts") or {}), "uncovered": parallel.get("uncovered", [])}
+        if facts.get("random_layers_as_one_device"):
+            note = ("random layers (" + ", ".join(r["layer"] for r in facts["random_layers"])
+                    + ") draw one device's numbers in every run "
+                    "(@kmp.parallelize(random_layers=\"one_device\"))")
+            report.notes += [note] if note not in report.notes else []
+        if not comparison.equal and report.verdict == EQUAL:
+            report.verdict = DIFFER
+            report.first_fit = index + 1
+            report.first_step, report.first_what = comparison.first_step, comparison.first_what
+            report.top_variables = comparison.top_variables
+            report.causes = _causes.likely(facts, comparison, backend)
