@@ -36,6 +36,9 @@ _SHAPED = ("uniform", "normal", "truncated_normal", "randint")
 _OTHERS = ("categorical", "shuffle", "gamma", "binomial", "beta")
 #: Random layers that drew through a function kmp cannot draw as one device (names).
 UNCOVERED: list[str] = []
+#: kmp-verify's noise run: each batch's rows come reversed, and each random layer's draws
+#: are reversed with them, so every row keeps the numbers it draws in the other runs.
+REVERSED: list[bool] = [False]
 _local = threading.local()
 
 
@@ -65,11 +68,18 @@ def note_rows(layer: Any) -> None:
     """The per-instance change `random_layer_rows`: `layer.call` notes its batch's rows."""
     call = layer.call
 
+    from keras_mgpu_plugins.verify import _config
+
+    run = _config.current()
+    off = run is not None and layer.name in run.random_off
+
     @functools.wraps(call)
     def noted(*args: Any, **kwargs: Any) -> Any:
         import keras
 
         first = args[0] if args else next(iter(kwargs.values()), None)
+        if off:  # kmp-verify: a layer kmp cannot make draw as one device, turned off
+            return first
         leaves = [t for t in keras.tree.flatten(first) if getattr(t, "shape", None)]
         stack = getattr(_local, "stack", None) or []
         _local.stack = stack
@@ -118,10 +128,27 @@ def _span(first: Any) -> tuple[Any, Any, Any] | None:
     return None if span is None else (*span, rows)
 
 
+def _flipping(first: Any) -> bool:
+    """In the noise run, whether a draw of leading size `first` is the batch's."""
+    inside = _inside()
+    if not REVERSED[0] or inside is None or inside[1] is None:
+        return False
+    rows = inside[1]
+    return not (isinstance(first, int) and isinstance(rows, int) and first != rows)
+
+
+def _flip(tensor: Any) -> Any:
+    import keras
+
+    return keras.ops.flip(tensor, axis=0)
+
+
 def _shaped(original: Any) -> Any:
     @functools.wraps(original)
     def draw(shape: Any, *args: Any, **kwargs: Any) -> Any:
         dims = tuple(shape) if shape is not None else ()
+        if dims and _flipping(dims[0]):
+            return _flip(original(shape, *args, **kwargs))
         span = _span(dims[0]) if dims else None
         if span is None:
             return original(shape, *args, **kwargs)
@@ -136,6 +163,8 @@ def _dropout(original: Any) -> Any:
     def dropout(inputs: Any, rate: Any, noise_shape: Any = None, seed: Any = None) -> Any:
         import keras
 
+        if _flipping(keras.ops.shape(inputs)[0]):
+            return _flip(original(_flip(inputs), rate, noise_shape=noise_shape, seed=seed))
         span = None if isinstance(rate, (int, float)) and rate in (0, 1) else _span(
             keras.ops.shape(inputs)[0])
         if span is None:

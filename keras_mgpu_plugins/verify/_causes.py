@@ -15,7 +15,7 @@ from typing import Any
 CAUSES = ("batchnorm", "train_step", "loss", "embedding", "metric", "random_layers",
           "steps_per_execution", "loss_scale")
 
-_KERAS_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight", None)
+_KERAS_REDUCTIONS = ("sum_over_batch_size", "mean", "sum", None)
 
 
 def _touches(layers: list[str], top: list[tuple[str, float]]) -> bool:
@@ -76,13 +76,21 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
             "the global batch: on N replicas each computes its share's loss and the gradients "
             "are summed (compute the loss with self.compute_loss, or divide a sum by the "
             "global batch, and call self.optimizer.apply)")
-    unscaled = [loss["name"] for loss in facts["losses"]
+    weighted = [str(loss["name"]) for loss in facts["losses"]
+                if loss["reduction"] == "mean_with_sample_weight"]
+    unscaled = [str(loss["name"]) for loss in facts["losses"]
                 if loss["reduction"] not in _KERAS_REDUCTIONS or (
-                    not loss["module"].startswith("keras") and loss["reduction"] is None)]
-    if unscaled:
+                    not loss["module"].startswith("keras") and loss["reduction"] is None)
+                or (loss["reduction"] == "sum" and lane == "torch")]
+    if weighted:
         add(4 + loss_parted, "loss",
-            f"a loss not averaged over the global batch ({', '.join(map(str, unscaled))}): "
-            "reduction='sum' (or a function of your own) sums each replica's share; use "
+            f"a loss divided by each replica's own sample weights ({', '.join(weighted)}: "
+            "reduction='mean_with_sample_weight'), not the global batch's; use "
+            "reduction='sum_over_batch_size'")
+    elif unscaled:
+        add(4 + loss_parted, "loss",
+            f"a loss not averaged over the global batch ({', '.join(unscaled)}): a sum, or a "
+            "function of your own, over each replica's share; use "
             "reduction='sum_over_batch_size', or divide by the global batch")
     if facts["embeddings"]:
         add(2 + 2 * _touches(facts["embeddings"], top), "embedding",

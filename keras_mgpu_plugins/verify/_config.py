@@ -36,6 +36,8 @@ class Config:
         steps: Training steps of the first `fit` to record; the fit stops after them.
         seed: The seed every run starts from (`keras.utils.set_random_seed`).
         fits: How many fits to compare (the first ones).
+        random_off: Random layers turned off in this run (they pass their inputs on): those
+            that draw through functions kmp cannot draw as one device.
         random_layers: `"one_device"`: the random layers of the models `@kmp.parallelize`
             builds draw one device's numbers (its `random_layers` option); `"script"`: as
             the script says.
@@ -49,6 +51,7 @@ class Config:
     seed: int = 1337
     random_layers: str = "one_device"
     fits: int = 1
+    random_off: tuple[str, ...] = ()
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -59,7 +62,9 @@ def current() -> Config | None:
     text = os.environ.get(ENV)
     if not text:
         return None
-    return Config(**json.loads(text))
+    fields = json.loads(text)
+    fields["random_off"] = tuple(fields.get("random_off", ()))
+    return Config(**fields)
 
 
 def devices_for(asked: int) -> int:

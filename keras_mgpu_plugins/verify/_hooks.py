@@ -177,10 +177,16 @@ def reverse_rows(model: Any) -> None:
     """The registered per-instance change `verify_noise_rows_reversed`: the model's
     `train_step` takes each batch with its rows in the opposite order (the noise run: the
     same sums in another order, as N replicas' all-reduce reorders them)."""
+    from keras_mgpu_plugins import _random_layers
+
     step = model.train_step
 
     def train_step(*args: Any) -> Any:
-        return step(*args[:-1], _reversed(args[-1]))
+        _random_layers.REVERSED[0] = True  # each row keeps its random numbers (traced here)
+        try:
+            return step(*args[:-1], _reversed(args[-1]))
+        finally:
+            _random_layers.REVERSED[0] = False
 
     model.train_step = train_step
     model.train_function = None

@@ -3,12 +3,15 @@ device, and per way a script cannot be compared: the scripts `tests/verify` hand
 `kmp-verify` (`python tests/verify/cases.py CASE`), on every backend.
 
 Cases built to differ (the cause the report must name, `DIFFERING`): BatchNormalization
-without sync_batchnorm; a custom train_step that sums its loss over the replica's rows; a
-loss with reduction="sum"; a logged value that no metric reduces; Dropout; mixed
-precision; an Embedding whose rows the batch repeats, with a second optimizer of the
-step's own. Cases that cannot be compared (`CANNOT`): no fit, an undecorated model,
+without sync_batchnorm; a custom train_step whose loss is not scaled for the global batch;
+a loss divided by each replica's own sample weights (reduction="mean_with_sample_weight",
+the weights unequal between the halves of each batch); a logged value that no metric
+reduces; Dropout drawing per replica; mixed precision; a position Embedding (one slice per
+position and replica) trained by a second Adam of the step's own, which kmp does not sum. `sum_loss` (reduction="sum") is equal
+on TensorFlow (the replicas' sums add up to one device's). Cases that cannot be compared (`CANNOT`): no fit, an undecorated model,
 `random.Random()` without a seed, data seeded from the clock, a batch size that grows
-with the devices. `plain` (and `sync_batchnorm`, `dropout_one_device`) must be equal.
+with the devices. `plain` (and `sync_batchnorm`, `dropout_one_device`) must be equal; `uncovered` (a layer of
+one's own drawing through `keras.random.shuffle`) is compared with that layer turned off.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 ROWS, FEATURES, BATCH = 96, 6, 16
 
 #: The cause `kmp-verify` must name for each case built to differ.
-DIFFERING = {"batchnorm": "batchnorm", "train_step": "train_step", "sum_loss": "loss",
+DIFFERING = {"batchnorm": "batchnorm", "train_step": "train_step", "weighted_loss": "loss",
              "metric": "metric", "dropout": "random_layers", "mixed": "loss_scale",
              "embedding": "embedding"}
 #: Words the reason of each case that cannot be compared must hold.
@@ -39,10 +42,7 @@ def data(case: str):
         rng = np.random.default_rng(int(time.time() * 1e6) % 2**31)
     else:
         rng = np.random.default_rng(0)
-    if case == "embedding":
-        x = rng.integers(0, 5, size=(ROWS, FEATURES)).astype("int32")  # rows repeat
-    else:
-        x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
     y = (np.asarray(x, "float32") @ rng.normal(size=(FEATURES, 1))).astype("float32")
     return x, y
 
@@ -53,26 +53,66 @@ def build(case: str):
     keras.utils.set_random_seed(3)
     if case == "mixed":
         keras.mixed_precision.set_global_policy("mixed_float16")
-    inputs = keras.Input((FEATURES,), dtype="int32" if case == "embedding" else "float32")
+    inputs = keras.Input((FEATURES,))
     hidden = inputs
-    if case == "embedding":
-        hidden = keras.layers.Flatten()(keras.layers.Embedding(5, 4, name="table")(hidden))
+    if case == "embedding":  # a position embedding: one lookup of every row for the batch
+        hidden = keras.layers.Flatten()(_positions()(hidden))
     hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(hidden)
     if case in ("batchnorm", "sync_batchnorm"):
         hidden = keras.layers.BatchNormalization(name="norm")(hidden)
     if case in ("dropout", "dropout_one_device"):
         hidden = keras.layers.Dropout(0.5, name="drop")(hidden)
+    if case == "uncovered":  # a random layer drawing through keras.random.shuffle
+        hidden = _shuffled()(hidden)
     outputs = keras.layers.Dense(1, name="out", dtype="float32")(hidden)
     model_class = _custom_class(case) if case in ("train_step", "metric", "embedding") \
         else keras.Model
     model = model_class(inputs, outputs)
     optimizer = keras.optimizers.SGD(0.05)
-    if case == "embedding":
+    if case == "embedding":  # the table's rows by an optimizer of the step's own
         optimizer = keras.optimizers.Adam(0.05)
-        model.second = keras.optimizers.Adam(0.05)  # the step's own: kmp does not see it
-    loss = keras.losses.MeanSquaredError(reduction="sum") if case == "sum_loss" else "mse"
+        model.second = keras.optimizers.Adam(0.05)
+        model.second.build(model.trainable_variables[:1])
+    loss = "mse"
+    if case in ("sum_loss", "weighted_loss"):
+        reduction = "sum" if case == "sum_loss" else "mean_with_sample_weight"
+        loss = keras.losses.MeanSquaredError(reduction=reduction)
     model.compile(optimizer=optimizer, loss=loss, metrics=["mae"])
     return model
+
+
+def _positions():
+    """keras.io's position embedding: an Embedding looked up at every position, for the
+    whole batch at once (each replica's gradient is one slice per position)."""
+    import keras
+
+    class Positions(keras.layers.Layer):
+        def __init__(self):
+            super().__init__(name="positions")
+            self.table = keras.layers.Embedding(FEATURES, 4, name="table")
+
+        def call(self, x):
+            return x[..., None] * self.table(keras.ops.arange(FEATURES))[None]
+
+    return Positions()
+
+
+def _shuffled():
+    """A random layer of one's own that permutes its features (keras.random.shuffle: a draw
+    kmp cannot make as one device draws it)."""
+    import keras
+
+    class ShuffleFeatures(keras.layers.Layer):
+        def __init__(self):
+            super().__init__(name="shuffle_features")
+            self.seed_generator = keras.random.SeedGenerator(5)
+
+        def call(self, x, training=False):
+            if not training:
+                return x
+            return keras.random.shuffle(x, axis=1, seed=self.seed_generator)
+
+    return ShuffleFeatures()
 
 
 def _custom_class(case: str):
@@ -150,9 +190,12 @@ def main(case: str) -> None:
     if case == "batch_grows":  # a batch size scaled with the devices (a common mistake)
         batch = BATCH * kmp.runtime.of(model).replicas_in_sync
     x, y = data(case)
+    # weighted_loss: the second half of each batch weighs 4 times the first
+    weights = 1.0 + 3.0 * (np.arange(ROWS) % BATCH >= BATCH // 2) if case == "weighted_loss" \
+        else None
     if case != "no_fit":
-        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0,
-                  validation_data=(x[:32], y[:32]))
+        model.fit(x, y, sample_weight=weights, batch_size=batch, epochs=2, shuffle=False,
+                  verbose=0, validation_data=(x[:32], y[:32]))
     model.evaluate(x, y, batch_size=BATCH, verbose=0)
     model.predict(x[:40], batch_size=BATCH, verbose=0)
 

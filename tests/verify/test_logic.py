@@ -133,7 +133,9 @@ def parted(keys: list[str], what: str | None = None, top=()) -> _compare.Compari
 @pytest.mark.parametrize(("model", "cause"), [
     (facts(batchnorm=[{"layer": "norm", "synchronized": False}]), "batchnorm"),
     (facts(train_step="train.Custom.train_step"), "train_step"),
-    (facts(losses=[{"name": "mse", "module": "keras.src", "reduction": "sum"}]), "loss"),
+    (facts(losses=[{"name": "mse", "module": "keras.src",
+                    "reduction": "mean_with_sample_weight"}]), "loss"),
+    (facts(losses=[{"name": "mine", "module": "train", "reduction": None}]), "loss"),
     (facts(embeddings=["table"]), "embedding"),
     (facts(random_layers=[{"layer": "drop", "class": "Dropout", "draws": True}]),
      "random_layers"),

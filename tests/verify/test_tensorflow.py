@@ -25,8 +25,8 @@ def test_the_quickstart_on_two_devices_is_equal_within_its_noise(tmp_path):
     print(f"quickstart, TensorFlow, 2 devices: {seconds:.0f} s")
 
 
-@pytest.mark.parametrize("case", ["batchnorm", "train_step", "sum_loss", "metric", "mixed",
-                                  "embedding"])
+@pytest.mark.parametrize("case", ["batchnorm", "train_step", "weighted_loss", "metric",
+                                  "mixed", "embedding"])
 def test_each_case_built_to_differ_names_its_cause(case):
     assert_cause(verify_case(case), case)
 
@@ -39,6 +39,12 @@ def test_sync_batchnorm_is_equal():
 def test_dropout_draws_one_devices_numbers_in_verify_and_differs_as_the_script_says():
     assert verify_case("dropout").ok
     assert_cause(verify_case("dropout", random_layers="script"), "dropout")
+
+
+def test_a_random_layer_kmp_cannot_draw_as_one_device_is_compared_turned_off():
+    report = verify_case("uncovered")
+    assert report.ok, report
+    assert any("shuffle_features" in n and "turned off" in n for n in report.notes), report
 
 
 def test_random_layers_one_device_trains_as_one_device():
