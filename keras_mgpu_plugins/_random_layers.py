@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any
 
 from keras_mgpu_plugins import _backend
@@ -39,6 +40,8 @@ UNCOVERED: list[str] = []
 #: kmp-verify's noise run: each batch's rows come reversed, and each random layer's draws
 #: are reversed with them, so every row keeps the numbers it draws in the other runs.
 REVERSED: list[bool] = [False]
+#: The layers that draw one device's numbers (the others only note their rows).
+ONE_DEVICE: weakref.WeakSet = weakref.WeakSet()
 _local = threading.local()
 
 
@@ -48,10 +51,12 @@ def check(mode: Any) -> None:
                          f"random_layers={mode!r}")
 
 
-def draw_as_one_device(model: Any) -> Any:
+def draw_as_one_device(model: Any, one_device: bool = True) -> Any:
     """Makes `model`'s random layers draw one device's numbers (see the module docstring);
     returns the model. Applies `random_draws_as_one_device` once per process, and
-    `random_layer_rows` to each layer owning a `SeedGenerator`."""
+    `random_layer_rows` to each layer owning a `SeedGenerator`. With `one_device=False`
+    (kmp-verify's runs of a script whose layers draw per replica) the layers only note
+    their rows, for the noise run (`REVERSED`)."""
     from keras_mgpu_plugins import compat
     from keras_mgpu_plugins.verify._facts import random_layers
 
@@ -60,8 +65,14 @@ def draw_as_one_device(model: Any) -> Any:
     for layer in compat.all_layers(model):
         if layer.name in names and "random_layer_rows" not in compat.applied_on(layer):
             compat.apply_to("random_layer_rows", layer)
+        if layer.name in names and one_device:
+            ONE_DEVICE.add(layer)
     model.train_function = None
     return model
+
+
+def draws_as_one_device(layer: Any) -> bool:
+    return layer in ONE_DEVICE
 
 
 def note_rows(layer: Any) -> None:
@@ -83,7 +94,8 @@ def note_rows(layer: Any) -> None:
         leaves = [t for t in keras.tree.flatten(first) if getattr(t, "shape", None)]
         stack = getattr(_local, "stack", None) or []
         _local.stack = stack
-        stack.append((layer.name, keras.ops.shape(leaves[0])[0] if leaves else None))
+        stack.append((layer.name, keras.ops.shape(leaves[0])[0] if leaves else None,
+                      layer in ONE_DEVICE))
         try:
             return call(*args, **kwargs)
         finally:
@@ -110,7 +122,7 @@ def wrap_random(module: Any) -> Any:
     return lambda: [u() for u in reversed(undo)]
 
 
-def _inside() -> tuple[str, Any] | None:
+def _inside() -> tuple[str, Any, bool] | None:
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
 
@@ -119,7 +131,7 @@ def _span(first: Any) -> tuple[Any, Any, Any] | None:
     """`(offset, total, rows)` when a random layer draws for its batch in a distributed
     step with `first` (the draw's leading size) its batch's rows, else `None`."""
     inside = _inside()
-    if inside is None or inside[1] is None:
+    if inside is None or inside[1] is None or not inside[2]:
         return None
     rows = inside[1]
     if isinstance(first, int) and isinstance(rows, int) and first != rows:
@@ -185,7 +197,7 @@ def _noted(original: Any) -> Any:
     @functools.wraps(original)
     def draw(*args: Any, **kwargs: Any) -> Any:
         inside = _inside()
-        if inside is not None and inside[0] not in UNCOVERED:
+        if inside is not None and inside[2] and inside[0] not in UNCOVERED:
             UNCOVERED.append(inside[0])
         return original(*args, **kwargs)
 

@@ -161,9 +161,10 @@ def parallelize(
     return _each_model(decorated, factory is None, run is not None, one_device)
 
 
-def _each_model(decorated: Any, is_decorator: bool, mark: bool, one_device: bool) -> Any:
-    """`decorated` (the wrapped factory, or the decorator), whose models are marked as built
-    by kmp (kmp-verify) and draw one device's random numbers (`random_layers`)."""
+def _each_model(decorated: Any, is_decorator: bool, verifying: bool, one_device: bool) -> Any:
+    """`decorated` (the wrapped factory, or the decorator), whose models draw one device's
+    random numbers (`random_layers`) and, in a kmp-verify run, are marked as built by kmp
+    and have their random layers note their rows (the noise run keeps their numbers)."""
     import functools
 
     def wrap(factory: Callable[..., Any]) -> Callable[..., Any]:
@@ -174,9 +175,9 @@ def _each_model(decorated: Any, is_decorator: bool, mark: bool, one_device: bool
 
             with verify_run.Building():
                 model = factory(*args, **kwargs)
-            if one_device:
-                _random_layers.draw_as_one_device(model)
-            return verify_run.mark_built(model) if mark else model
+            if one_device or verifying:
+                _random_layers.draw_as_one_device(model, one_device)
+            return verify_run.mark_built(model) if verifying else model
 
         return wrapper
 

@@ -18,8 +18,11 @@ CAUSES = ("batchnorm", "train_step", "loss", "embedding", "metric", "random_laye
 _KERAS_REDUCTIONS = ("sum_over_batch_size", "mean", "sum", None)
 
 
-def _touches(layers: list[str], top: list[tuple[str, float]]) -> bool:
-    return any(f"/{layer}/" in f"/{name}" for layer in layers for name, _ in top)
+def _touches(layers: list[str], top: list[tuple[str, float]]) -> int:
+    """4 when the variable that differs most is one of `layers`', 2 when another of the
+    top ones is, else 0."""
+    hits = [any(f"/{layer}/" in f"/{name}" for layer in layers) for name, _ in top]
+    return 4 if hits[:1] == [True] else 2 if any(hits) else 0
 
 
 def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tuple[str, str]]:
@@ -53,7 +56,7 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
         return [(k, s) for _, k, s in sorted(found, key=lambda f: -f[0])]
     unsynced = [b["layer"] for b in facts["batchnorm"] if not b["synchronized"]]
     if unsynced:
-        add(5 + 2 * _touches(unsynced, top), "batchnorm",
+        add(5 + _touches(unsynced, top), "batchnorm",
             f"BatchNormalization without sync_batchnorm ({', '.join(unsynced[:4])}): each "
             "replica normalises over its own share of the batch. Use "
             "@kmp.parallelize(sync_batchnorm=True)")
@@ -80,8 +83,7 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
                 if loss["reduction"] == "mean_with_sample_weight"]
     unscaled = [str(loss["name"]) for loss in facts["losses"]
                 if loss["reduction"] not in _KERAS_REDUCTIONS or (
-                    not loss["module"].startswith("keras") and loss["reduction"] is None)
-                or (loss["reduction"] == "sum" and lane == "torch")]
+                    not loss["module"].startswith("keras") and loss["reduction"] is None)]
     if weighted:
         add(4 + loss_parted, "loss",
             f"a loss divided by each replica's own sample weights ({', '.join(weighted)}: "
@@ -93,7 +95,7 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
             "function of your own, over each replica's share; use "
             "reduction='sum_over_batch_size', or divide by the global batch")
     if facts["embeddings"]:
-        add(2 + 2 * _touches(facts["embeddings"], top), "embedding",
+        add(2 + _touches(facts["embeddings"], top), "embedding",
             f"sparse gradients of {', '.join(facts['embeddings'][:4])}: a row the batch "
             "repeats gets one slice per replica and occurrence (kmp sums them per row for "
             "the optimizer it was compiled with; another optimizer, or a custom train_step's, "

@@ -67,9 +67,11 @@ def of(model: Any) -> dict[str, Any]:
             metrics.append({"name": inner.name, "module": type(inner).__module__ or "",
                             "class": type(inner).__name__})
     policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
+    from keras_mgpu_plugins import _random_layers
+
     drawing = random_layers(model)
     as_one_device = bool(drawing) and all(
-        "random_layer_rows" in compat.applied_on(layer) for layer in layers
+        _random_layers.draws_as_one_device(layer) for layer in layers
         if layer.name in {entry["layer"] for entry in drawing})
     return {
         "batchnorm": [{"layer": layer.name, "synchronized": bool(getattr(layer, "synchronized",

@@ -85,7 +85,7 @@ def run(target: Any, num_workers: int, *, steps: int, tolerance: float | None,
             "them turned off (each passes its inputs on unchanged)")
     report.reasons = _checks.reasons(results)
     if not report.reasons:
-        _compared(report, results, tolerance, backend)
+        _compared(report, results, tolerance, backend, off)
     report.seconds = time.monotonic() - started
     if json_path:
         report.to_json(json_path)
@@ -102,7 +102,7 @@ def _uncovered(results: dict) -> list[str]:
 
 
 def _compared(report: VerifyReport, results: dict, tolerance: float | None,
-              backend: str) -> None:
+              backend: str, off: list[str]) -> None:
     from keras_mgpu_plugins.verify import _causes, _compare
 
     reference, parallel = results["reference"].chief, results["parallel"].chief
@@ -121,10 +121,11 @@ def _compared(report: VerifyReport, results: dict, tolerance: float | None,
                          "within": row.within} for row in comparison.rows]
         report.notes += [n for n in mine["notes"] if n not in report.notes]
         facts = {**(mine.get("facts") or {}), "uncovered": parallel.get("uncovered", [])}
-        if facts.get("random_layers_as_one_device"):
-            note = ("random layers (" + ", ".join(r["layer"] for r in facts["random_layers"])
-                    + ") draw one device's numbers in every run "
-                    "(@kmp.parallelize(random_layers=\"one_device\"))")
+        drawing = [r["layer"] for r in facts.get("random_layers", [])
+                   if r["draws"] and r["layer"] not in off]
+        if facts.get("random_layers_as_one_device") and drawing:
+            note = (f"random layers ({', '.join(drawing)}) draw one device's numbers in every "
+                    "run (@kmp.parallelize(random_layers=\"one_device\"))")
             report.notes += [note] if note not in report.notes else []
         loud = [r for r in comparison.rows if r.noise is not None and r.noise > LOUD_NOISE]
         if loud:

@@ -6,8 +6,10 @@ Cases built to differ (the cause the report must name, `DIFFERING`): BatchNormal
 without sync_batchnorm; a custom train_step whose loss is not scaled for the global batch;
 a loss divided by each replica's own sample weights (reduction="mean_with_sample_weight",
 the weights unequal between the halves of each batch); a logged value that no metric
-reduces; Dropout drawing per replica; mixed precision; a position Embedding (one slice per
-position and replica) trained by a second Adam of the step's own, which kmp does not sum. `sum_loss` (reduction="sum") is equal
+reduces; Dropout drawing per replica; mixed precision; an Embedding whose rows each batch
+repeats, trained by a second Adam of the step's own (kmp sums a repeated row's slices
+after the replicas' all-reduce for every optimizer, on one device for the compiled one
+only: this one squares each slice there). `sum_loss` (reduction="sum") is equal
 on TensorFlow (the replicas' sums add up to one device's). Cases that cannot be compared (`CANNOT`): no fit, an undecorated model,
 `random.Random()` without a seed, data seeded from the clock, a batch size that grows
 with the devices. `plain` (and `sync_batchnorm`, `dropout_one_device`) must be equal; `uncovered` (a layer of
@@ -42,7 +44,10 @@ def data(case: str):
         rng = np.random.default_rng(int(time.time() * 1e6) % 2**31)
     else:
         rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    if case == "embedding":  # token ids: each batch repeats rows of the table
+        x = rng.integers(0, 5, size=(ROWS, FEATURES)).astype("int32")
+    else:
+        x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
     y = (np.asarray(x, "float32") @ rng.normal(size=(FEATURES, 1))).astype("float32")
     return x, y
 
@@ -53,10 +58,10 @@ def build(case: str):
     keras.utils.set_random_seed(3)
     if case == "mixed":
         keras.mixed_precision.set_global_policy("mixed_float16")
-    inputs = keras.Input((FEATURES,))
+    inputs = keras.Input((FEATURES,), dtype="int32" if case == "embedding" else "float32")
     hidden = inputs
-    if case == "embedding":  # a position embedding: one lookup of every row for the batch
-        hidden = keras.layers.Flatten()(_positions()(hidden))
+    if case == "embedding":
+        hidden = keras.layers.Flatten()(keras.layers.Embedding(5, 4, name="table")(hidden))
     hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(hidden)
     if case in ("batchnorm", "sync_batchnorm"):
         hidden = keras.layers.BatchNormalization(name="norm")(hidden)
@@ -79,22 +84,6 @@ def build(case: str):
         loss = keras.losses.MeanSquaredError(reduction=reduction)
     model.compile(optimizer=optimizer, loss=loss, metrics=["mae"])
     return model
-
-
-def _positions():
-    """keras.io's position embedding: an Embedding looked up at every position, for the
-    whole batch at once (each replica's gradient is one slice per position)."""
-    import keras
-
-    class Positions(keras.layers.Layer):
-        def __init__(self):
-            super().__init__(name="positions")
-            self.table = keras.layers.Embedding(FEATURES, 4, name="table")
-
-        def call(self, x):
-            return x[..., None] * self.table(keras.ops.arange(FEATURES))[None]
-
-    return Positions()
 
 
 def _shuffled():

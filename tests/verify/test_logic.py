@@ -168,6 +168,10 @@ def test_the_cause_whose_layers_differ_most_comes_first():
                              "tensorflow")
     assert [key for key, _ in untouched] == ["loss_scale", "embedding"]
     assert [key for key, _ in touched] == ["embedding", "loss_scale"]
+    custom = facts(embeddings=["table"], train_step="t.C.train_step")
+    found = _causes.likely(custom, parted(["loss"], "loss, variables",
+                                          top=[("table/embeddings", 1.0)]), "tensorflow")
+    assert [key for key, _ in found] == ["embedding", "train_step"]
 
 
 def test_the_report_text_json_and_exit_codes(tmp_path):
