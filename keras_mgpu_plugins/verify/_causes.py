@@ -52,7 +52,7 @@ def likely(facts: dict[str, Any] | None, comparison: Any, lane: str) -> list[tup
             f"metric {metric['name']!r} ({metric['class']}) is not reduced as one device "
             "computes it: its state is each replica's own (make every state variable a sum "
             "Keras adds over the replicas, e.g. with self.add_variable(..., aggregation='sum'))")
-    if only_metrics:
+    if only_metrics and found:  # the loss and the variables agree: a metric's own reduction
         return [(k, s) for _, k, s in sorted(found, key=lambda f: -f[0])]
     unsynced = [b["layer"] for b in facts["batchnorm"] if not b["synchronized"]]
     if unsynced:

@@ -27,23 +27,24 @@ def reasons(runs: dict[str, Any]) -> list[str]:
     """Every reason the runs cannot be compared (empty: they can). `runs` maps a run's name
     to its `_runs.RunResult`."""
     found: list[str] = []
+    records = {name: result.chief for name, result in runs.items()}
+    for record in records.values():  # (a fit kmp refuses then fails the run)
+        if record is not None and record["undecorated"]:
+            found.append(_undecorated(record))
+            break
     for name, result in runs.items():
         if result.failure:
             found.append(f"the {_NAMES[name]} run failed (its logs: {result.log_dir}):\n"
                          + _first_lines(result.failure))
     if found:
         return found
-    records = {name: result.chief for name, result in runs.items()}
     for name, record in records.items():
         if record is None or record["fit_calls"] == 0:
             return [f"the script never called fit (in the {_NAMES[name]} run): kmp-verify "
                     "compares the first fit's steps. Call model.fit on the model your "
                     "@kmp.parallelize factory returns."]
         if record["undecorated"]:
-            return [f"fit was called on a model that @kmp.parallelize did not build "
-                    f"({record['undecorated'][0]}): kmp does not distribute it, so the "
-                    "parallel run would train it on one device. Decorate the factory that "
-                    "builds and compiles it with @kmp.parallelize."]
+            return [_undecorated(record)]
     unseedable = sorted({s for r in records.values() for s in r.get("unseedable", [])})
     if unseedable:
         found.append("the script reads a random source kmp cannot seed, so each run draws "
@@ -68,6 +69,13 @@ def reasons(runs: dict[str, Any]) -> list[str]:
     if not found and not any(fit["steps"] for fit in reference["fits"]):
         found.append("the first fit trained no step: nothing to compare.")
     return list(dict.fromkeys(found))
+
+
+def _undecorated(record: dict) -> str:
+    return (f"fit was called on a model that @kmp.parallelize did not build "
+            f"({record['undecorated'][0]}): kmp does not distribute it, so the parallel run "
+            "would train it on one device (or refuses it). Decorate the factory that builds "
+            "and compiles it with @kmp.parallelize.")
 
 
 def _fit_reasons(which: str, run: str, record: dict, reference: dict, hint: str) -> list[str]:

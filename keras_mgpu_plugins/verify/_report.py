@@ -32,6 +32,8 @@ class VerifyReport:
         top_variables: The variables (layer/name) that differ most at that step, with
             their largest difference.
         causes: The likely causes, the likeliest first: `(key, sentence)`.
+        parts: Every compared fit that differs (`fits` > 1): its `fit` number, `step`,
+            `what`, `variables` and `causes`, as above for the first.
         notes: What the report says beside the verdict (random layers turned off, ...).
         seconds: Wall time of the verification.
         log_dir: Where the runs' outputs are.
@@ -49,6 +51,7 @@ class VerifyReport:
     first_what: str = ""
     top_variables: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     causes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    parts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     log_dir: str = ""
@@ -92,21 +95,33 @@ class VerifyReport:
                                                 for r in self.reasons]
         if self.rows:
             lines += ["", _table(self.rows)]
-        if self.verdict == DIFFER and self.first_step is not None:
-            which = f" of fit {self.first_fit}" if (self.first_fit or 1) > 1 else ""
-            lines += ["", f"The runs part at step {self.first_step}{which} ({self.first_what})."]
-            if self.top_variables:
-                lines.append("Variables that differ most there: " + ", ".join(
-                    f"{name} ({diff:.2g})" for name, diff in self.top_variables))
-        if self.verdict == DIFFER:
-            if self.causes:
-                lines.append(f"Likely cause: {self.causes[0][1]}.")
-                lines += [f"Also present: {s}." for _, s in self.causes[1:]]
-            else:
-                lines.append("kmp saw no known cause in the model.")
+        several = len(self.parts) > 1 or (self.first_fit or 1) > 1
+        for part in self.parts or ([{"fit": self.first_fit, "step": self.first_step,
+                                     "what": self.first_what, "variables": self.top_variables,
+                                     "causes": self.causes}] if self.verdict == DIFFER else []):
+            lines += ["", *_part(part, several)]
         lines += [f"Note: {n}" for n in self.notes]
         lines.append(f"({self.seconds:.0f} s; the runs' outputs: {self.log_dir})")
         return "\n".join(lines)
+
+
+def _part(part: dict[str, Any], several: bool) -> list[str]:
+    """The lines saying where one compared fit parts, and why."""
+    fit = f"Fit {part['fit']}: t" if several else "T"
+    lines = []
+    if part["step"] is not None:
+        lines.append(f"{fit}he runs part at step {part['step']} ({part['what']}).")
+        if part["variables"]:
+            lines.append("Variables that differ most there: " + ", ".join(
+                f"{name} ({diff:.2g})" for name, diff in part["variables"]))
+    elif several:
+        lines.append(f"Fit {part['fit']}: the runs differ after the steps (below).")
+    if part["causes"]:
+        lines.append(f"Likely cause: {part['causes'][0][1]}.")
+        lines += [f"Also present: {s}." for _, s in part["causes"][1:]]
+    else:
+        lines.append("kmp saw no known cause in the model.")
+    return lines
 
 
 def _fmt(value: float | None) -> str:

@@ -134,9 +134,13 @@ def _compared(report: VerifyReport, results: dict, tolerance: float | None,
                 f"{loud[0].figure}: the training amplifies float rounding (or draws numbers "
                 "by the rows' order), so 10 times that noise proves little. Compare fewer "
                 "steps (--steps) or give --tolerance.")
-        if not comparison.equal and report.verdict == EQUAL:
-            report.verdict = DIFFER
-            report.first_fit = index + 1
-            report.first_step, report.first_what = comparison.first_step, comparison.first_what
-            report.top_variables = comparison.top_variables
-            report.causes = _causes.likely(facts, comparison, backend)
+        if not comparison.equal:
+            report.parts.append({"fit": index + 1, "step": comparison.first_step,
+                                 "what": comparison.first_what,
+                                 "variables": comparison.top_variables,
+                                 "causes": _causes.likely(facts, comparison, backend)})
+    if report.parts:
+        first = report.parts[0]
+        report.verdict, report.first_fit, report.first_step = DIFFER, first["fit"], first["step"]
+        report.first_what, report.top_variables = first["what"], first["variables"]
+        report.causes = first["causes"]

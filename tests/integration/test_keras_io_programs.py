@@ -33,6 +33,7 @@ KMP_ONE_DEVICE = {("text_transformer", "program")}
 
 def assert_every_case_equal(report, cases) -> None:
     names = {i + 1: f"{n}/{o}" for i, (n, o) in enumerate(cases)}
+    print("fits:", names, report, sep="\n")  # the figures, with pytest -s
     assert report.verdict != "cannot compare", report
     failing = sorted({int(r["figure"].split(":")[0].split()[1]) for r in report.rows
                       if not r["within"]})

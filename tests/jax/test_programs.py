@@ -39,6 +39,7 @@ def jax_environment(monkeypatch):
 
 def assert_every_run_equal(report, mode: str) -> None:
     names = {i + 1: f"{n}/{h}" for i, (n, h) in enumerate(programs.runs_of(mode))}
+    print("fits:", names, report, sep="\n")  # the figures, with pytest -s
     assert report.verdict != "cannot compare", report
     failing = sorted({int(r["figure"].split(":")[0].split()[1]) for r in report.rows
                       if not r["within"]})

@@ -24,6 +24,26 @@ def verify_case(case: str, **options):
     return kmp.verify(cases.main, num_workers=2, args=(case,), timeout=600, **options)
 
 
+def verify_cases(names: list[str], **options):
+    """`kmp.verify` of every case of `names` in turn, one compared fit each."""
+    options.setdefault("steps", STEPS)
+    return kmp.verify(cases.several, num_workers=2, args=(names,), fits=len(names),
+                      timeout=900, **options)
+
+
+def assert_causes(report, names: list[str]) -> None:
+    """Each case of `names` built to differ parts, its cause named first; the others agree."""
+    assert report.verdict == "differ", report
+    parted = {part["fit"]: part for part in report.parts}
+    for fit, case in enumerate(names, 1):
+        if case in cases.DIFFERING:
+            assert fit in parted, f"{case} (fit {fit}) does not differ:\n{report}"
+            causes = [key for key, _ in parted[fit]["causes"]]
+            assert causes[:1] == [cases.DIFFERING[case]], f"{case}: {causes}\n{report}"
+        else:
+            assert fit not in parted, f"{case} (fit {fit}) differs:\n{report}"
+
+
 def assert_cause(report, case: str) -> None:
     """The report of a case built to differ: DIFFER, its cause named first."""
     assert report.verdict == "differ" and report.first_step is not None, report

@@ -153,6 +153,14 @@ def test_a_metric_alone_differing_names_the_unreduced_metric_first():
     assert [key for key, _ in found] == ["metric"] and "largest_error" in found[0][1]
 
 
+def test_a_metric_of_keras_differing_alone_still_names_the_causes_present():
+    model = facts(loss_scale=True, dtype_policy="mixed_float16",
+                  metrics=[{"name": "loss", "module": "keras.src", "class": "Mean"},
+                           {"name": "mae", "module": "keras.src", "class": "MeanMetricWrapper"}])
+    found = _causes.likely(model, parted(["mae"]), "jax")
+    assert [key for key, _ in found] == ["loss_scale"]
+
+
 def test_a_synchronized_batchnorm_or_random_layers_drawing_as_one_device_are_no_cause():
     model = facts(batchnorm=[{"layer": "norm", "synchronized": True}],
                   random_layers=[{"layer": "drop", "class": "Dropout", "draws": True}],
