@@ -73,8 +73,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     topology = kmp.topology()  # starts nothing
     gpus = [d for d in topology.local_devices if d.startswith("GPU")]
-    if _keras_backend() == "torch" and not topology.is_multi_worker:
-        # One device per process on torch: this same function on `--devices` processes.
+    if _keras_backend() == "torch" and not topology.is_multi_worker and not os.environ.get(
+            "KMP_LAUNCH_WORKER"):
+        # One device per process on torch: this same function on `--devices` processes
+        # (unless a launcher started this process already: `kmp-launch -n 1`, kmp-verify).
         argv = sys.argv[1:] if argv is None else argv
         return kmp.launch(main, num_workers=args.devices, args=(argv,))[0]
     if len(gpus) < 2 and not topology.is_multi_worker:  # (kmp-launch -n N: a device each)

@@ -30,6 +30,9 @@ framework only when one is called:
 - `serve_parameter_server(topology)` (TensorFlow only: `run.prepare` refuses parameter
   servers on other backends first): a worker or parameter server of a parameter-server
   cluster runs TensorFlow's server and never returns;
+- `row_span(rows)`: in a distributed step, where this replica's (or process's) `rows` of the
+  global batch start and how many rows it has, `(offset, total)`, else `None`
+  (`kmp.parallelize(random_layers="one_device")`);
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
   torch process group it started itself), else `None` (`kmp.topology()` asks it).
 - `random_state()`, `set_random_state(state)`: the framework's own global generator that

@@ -82,6 +82,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     the chief's coordinator sends its steps to the other workers meanwhile. The chief,
     or a parameter server, failing fails the run as usual.
 
+    In a run of `kmp-verify`, `fn` runs in the calling process (kmp-verify started the
+    processes of its runs already: one for its one-device runs, N with `--processes`),
+    and the list holds its one value.
+
     No hang is silent: every `fit` in the workers runs with a
     `kmp.callbacks.StallWatchdog(timeout=stall_timeout)` (one given to `fit` is
     kept), so a job in which no worker progresses for that long fails with every
@@ -158,6 +162,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         raise TypeError(f"args must be a tuple or a list. Received: args={args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict or None. Received: kwargs={kwargs!r}")
+    from keras_mgpu_plugins.verify import _config as verify_run
+
+    if verify_run.launches_in_place():  # kmp-verify started this run's processes already
+        return [fn(*args, **(kwargs or {}))]
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
     _check_stop_grace(stop_grace)

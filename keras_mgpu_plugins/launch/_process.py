@@ -55,7 +55,7 @@ def output_paths(log_dir: str | None, job_id: str) -> str:
 
 
 def tell_where_output_goes(spec: dict, num_workers: int, output: str, log_dir: str) -> None:
-    if output == "all" or (num_workers == 1 and not spec.get("num_ps")):
+    if output in ("all", "none") or (num_workers == 1 and not spec.get("num_ps")):
         return
     program = "kmp.launch" if spec["mode"] == "function" else "kmp-launch"
     flag = 'output="all"' if program == "kmp.launch" else "--all-output"

@@ -64,8 +64,9 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         environ: The workers' environment, before the launcher's variables.
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
         output: `"chief"` (only worker 0's output is relayed here, without the backends'
-            runtime log lines: `launch._quiet`), `"verbose"` (worker 0's, all of it) or
-            `"all"` (every worker's, all of it).
+            runtime log lines: `launch._quiet`), `"verbose"` (worker 0's, all of it),
+            `"all"` (every worker's, all of it) or `"none"` (the log files only: kmp-verify's
+            runs, which run side by side).
         log_dir: Folder of the workers' log files (default: `output_paths`).
         stop_grace: Seconds the workers get after a stop signal (`launch._signals`).
 
@@ -139,7 +140,8 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
             start_new_session=True,
         )
         return _Worker(index, proc, spec_path, job_dir, os.path.join(log_dir, task.log_name),
-                       shown=output == "all" or index == 0, label=task.label,
+                       shown=output == "all" or (index == 0 and output != "none"),
+                       label=task.label,
                        serves=task.serves, quiet=output == "chief" and len(tasks) > 1)
 
     workers.extend(start(index) for index in range(len(tasks)))

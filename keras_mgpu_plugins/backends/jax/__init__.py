@@ -165,3 +165,10 @@ def random_state() -> None:
 
 def set_random_state(state: object) -> None:
     """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: a random layer already draws over the global batch on JAX (its arrays
+    are global: `kmp.parallelize(random_layers="one_device")` changes nothing here)."""
+    return None

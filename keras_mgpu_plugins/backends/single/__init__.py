@@ -166,3 +166,9 @@ def random_state() -> None:
 
 def set_random_state(state: object) -> None:
     """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: one device: a random layer draws for the whole batch."""
+    return None

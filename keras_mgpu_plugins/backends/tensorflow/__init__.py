@@ -130,3 +130,18 @@ def random_state() -> None:
 
 def set_random_state(state: object) -> None:
     """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> Any:
+    """Where this replica's `rows` of the global batch start, and the global batch's rows:
+    `(offset, total)` (tensors), in a replica context of several replicas, else `None`
+    (`kmp.parallelize(random_layers="one_device")`; one all-gather of the row counts)."""
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    sizes = context.all_gather(tf.reshape(tf.cast(rows, tf.int32), [1]), axis=0)
+    index = context.replica_id_in_sync_group
+    return tf.reduce_sum(sizes[:index]), tf.reduce_sum(sizes)

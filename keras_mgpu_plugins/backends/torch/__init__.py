@@ -144,3 +144,18 @@ def joined() -> tuple[int, int] | None:
 
     index, count = collectives.world()
     return (index, count) if count > 1 else None
+
+
+def row_span(rows: Any) -> Any:
+    """Where this process's `rows` of the global batch start, and the global batch's rows:
+    `(offset, total)`, in a job of several processes, else `None` (the processes feed
+    contiguous slices in rank order: `backends.torch.feeding`; one all-gather)."""
+    import numpy as np
+
+    from keras_mgpu_plugins.backends.torch import collectives
+
+    rank, size = collectives.world()
+    if size <= 1:
+        return None
+    sizes = collectives.gather_numpy(np.array([int(rows)], np.int64)).reshape(-1)
+    return int(sizes[:rank].sum()), int(sizes.sum())
