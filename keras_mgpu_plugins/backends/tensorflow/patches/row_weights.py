@@ -17,7 +17,10 @@ split, a replica of 0 rows included. Keras's own unscaling (the loss it logs,
 weighted by rows) divides by the same weight. An iterator `TFEpochIterator`
 makes of inputs whose every global batch divides evenly over the replicas
 (arrays; a `tf.data` dataset of a static batch size) keeps Keras's step as
-it is, at no cost per step: the workers agree on that once per iterator.
+it is, at no cost per step: the workers agree on that once per iterator. In a
+weighted step, the metric results the step reads (its logs) are read from the
+state summed over the replicas (`global_results`): each replica's own are the
+mean of its own rows, and their mean across replicas is not one device's.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def patch_row_weighted_losses() -> Any:
             if agreed_even(iterator, strategy):
                 return even(iterator)
             if not made:  # traced at the first uneven call only
-                made.append(make_function(self, rows_weighted(step_function)))
+                made.append(make_function(self, rows_weighted(step_function, self)))
             return made[0](iterator)
 
         function.__dict__.update(getattr(even, "__dict__", {}))  # e.g. `_kmp_step_loop` (tests)
@@ -157,21 +160,69 @@ def agreed_even(iterator: Any, strategy: Any) -> bool:
     return agreed
 
 
-def rows_weighted(step_function: Any) -> Any:
+def rows_weighted(step_function: Any, model: Any = None) -> Any:
     """`step_function` with this replica's loss weighted by its rows over the global batch's.
 
     The weight comes from a collective (the sum of the replicas' rows), which cannot
     run inside XLA: `patches.compile_settings` compiles `step.unweighted` and calls
-    `step.weight_of(data)` outside it.
+    `step.weight_of(data)` outside it. The results of `model`'s metrics read in the
+    step (what its logs are) are the global batch's (`global_results`).
     """
 
     def step(data):
-        with weighted(weight_of(data)):
+        with weighted(weight_of(data)), global_results(model):
             return step_function(data)
 
     step.unweighted = step_function
     step.weight_of = weight_of
     return step
+
+
+class global_results:  # noqa: N801 - used as a context manager, like a function
+    """Within it, `result()` of each of `model.metrics`, read in a replica's step, is the
+    result of the state summed over the replicas (one all-reduce per result read).
+
+    A metric's state is each replica's own (variables synchronized on read); a step's logs
+    read its result in the replica, and Keras logs their mean across replicas: the mean of
+    the replicas' means, one device's only where every replica counted as many rows (for a
+    custom `train_step`'s `{m.name: m.result() ...}` that is the History too, not only the
+    batch logs). Where batches may be uneven, each result is read from the summed state.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._metrics = list(getattr(model, "metrics", None) or ()) if model is not None else []
+
+    def __enter__(self) -> None:
+        for metric in self._metrics:
+            object.__setattr__(metric, "result", _global_result(metric))
+
+    def __exit__(self, *exc: Any) -> None:
+        for metric in self._metrics:
+            metric.__dict__.pop("result", None)
+
+
+def _global_result(metric: Any) -> Any:
+    import keras
+    import tensorflow as tf
+
+    ops = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
+
+    def result():
+        context = tf.distribute.get_replica_context()
+        variables = list(metric.variables)
+        reduced = [i for i, v in enumerate(variables) if getattr(v, "aggregation", None) in ops]
+        if context is None or not reduced:
+            return type(metric).result(metric)
+        values = [tf.convert_to_tensor(v.value) for v in variables]
+        for op in sorted({variables[i].aggregation for i in reduced}):  # one collective a kind
+            which = [i for i in reduced if variables[i].aggregation == op]
+            for i, value in zip(which, context.all_reduce(ops[op], [values[i] for i in which]),
+                                strict=True):
+                values[i] = value
+        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+            return type(metric).result(metric)
+
+    return result
 
 
 def weight_of(data: Any) -> Any:
