@@ -216,7 +216,7 @@ def _global_result(metric: Any) -> Any:
         values = [tf.convert_to_tensor(v.value) for v in variables]
         for op in sorted({variables[i].aggregation for i in reduced}):  # one collective a kind
             which = [i for i in reduced if variables[i].aggregation == op]
-            for i, value in zip(which, context.all_reduce(ops[op], [values[i] for i in which]),
+            for i, value in zip(which, all_reduce(ops[op], [values[i] for i in which]),
                                 strict=True):
                 values[i] = value
         with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
@@ -233,8 +233,25 @@ def weight_of(data: Any) -> Any:
     x = keras.utils.unpack_x_y_sample_weight(data)[0]
     first = next(t for t in keras.tree.flatten(x) + keras.tree.flatten(data) if t is not None)
     rows = tf.cast(tf.shape(first)[0], tf.float32)
-    total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, rows)
+    total = all_reduce(tf.distribute.ReduceOp.SUM, [rows])[0]
     return tf.math.divide_no_nan(rows, total)
+
+
+def all_reduce(op: Any, values: list[Any]) -> list[Any]:
+    """`values` all-reduced across the replicas, from a replica's step (one collective).
+
+    TensorFlow reduces a tensor to its own device: a tensor of no device (the step of
+    one device per worker that `patches.input_check.single_steps` traces) fails with
+    "destinations can not be empty"; it is placed on the worker's one device first.
+    """
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    devices = tf.distribute.get_strategy().extended.worker_devices
+    if len(devices) == 1 and any(not v.device for v in values):
+        with tf.device(devices[0]):
+            values = [tf.identity(v) for v in values]
+    return context.all_reduce(op, values)
 
 
 def scales_by_replicas() -> bool | None:
