@@ -86,6 +86,7 @@ BENCHMARKS = (
     _b("model_parallel_memory_jax", "model_parallel_memory_jax.py", "jax",
        ("sharded_vs_one_device",)),
     _b("first_step", "first_step.py", "tensorflow"),
+    _b("uneven_batches", "uneven_batches.py", "tensorflow", ("even", "uneven")),
     # benchmarks/preemption.py belongs to the stop-signal work (issue 40 point 2); it joins
     # the quick suite once it takes --quick and --json (quick=False until then).
     _b("preemption", "preemption.py", "tensorflow", quick=False),

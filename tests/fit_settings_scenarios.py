@@ -729,3 +729,89 @@ def unclassified_log_run(strategy):
         history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     return {"history": history.history, "weights": model.get_weights(),
             "warnings": [str(w.message) for w in caught if "keras_mgpu_plugins" in str(w.message)]}
+
+
+#: Global batches that 2 replicas cannot share evenly: (rows, batch_size). 62 rows of 31 (16
+#: and 15 rows a replica), 21 rows of 8 (the last batch 5: 3 and 2), a data set of 1 row
+#: (Keras's default batch: 1 row and none), 3 rows of 8 (2 and 1).
+UNEVEN = {"31_on_2": (62, 31), "partial_last": (21, 8), "one_row": (1, None), "three_rows": (3, 8)}
+#: The settings each run on the 21-row shape (`uneven_batches_run`).
+UNEVEN_SETTINGS = ("sample_weight", "class_weight", "sum_loss", "mixed_float16", "accumulation",
+                   "steps_per_execution", "custom_step", "clip_accumulation", "two_outputs",
+                   "jit_compile")
+
+
+def uneven_batches_run(strategy, shape="partial_last", setting="mse"):
+    """fit (2 epochs, validation on the same rows), evaluate and predict on a global batch that
+    does not split evenly over 2 replicas (`UNEVEN[shape]`), with one of `UNEVEN_SETTINGS`
+    (`"mse"`: the default loss; every setting but `"jit_compile"` has an L2 kernel regularizer)."""
+    import keras
+
+    import keras_mgpu_plugins as kmp
+
+    rows, batch = UNEVEN[shape]
+    x, y = make_data(rows)
+    fit = {"sample_weight": np.linspace(0.5, 2.0, rows).astype("float32")} if setting == "sample_weight" else {}
+    if setting == "class_weight":
+        y, fit = (y > 0).astype("float32"), {"class_weight": {0: 1.0, 1: 3.0}}
+    optimizer = {"accumulation": {"gradient_accumulation_steps": 2},
+                 "clip_accumulation": {"clipvalue": 0.1, "gradient_accumulation_steps": 2}}
+    compiled = {"loss": keras.losses.MeanSquaredError(reduction="sum") if setting == "sum_loss" else "mse",
+                "steps_per_execution": 2 if setting == "steps_per_execution" else 1,
+                "jit_compile": setting == "jit_compile"}
+    jit = compiled["jit_compile"]  # with a regularizer, kmp's XLA step fails on 2 devices (even too)
+
+    def build():
+        if setting == "custom_step":
+            return custom_train_step_factory()()
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(4, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(3),
+                               kernel_regularizer=None if jit else keras.regularizers.L2(0.01))(inputs)
+        outputs = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(4),
+                                     dtype="float32", name="first")(h)
+        if setting == "two_outputs":
+            outputs = [outputs, keras.layers.Dense(1, name="second", dtype="float32",
+                                                   kernel_initializer=keras.initializers.GlorotUniform(5))(h)]
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.05, **optimizer.get(setting, {})),
+                      metrics=[["mae"], ["mae"]] if setting == "two_outputs" else ["mae"],
+                      **{**compiled, "loss": ["mse", "mae"] if setting == "two_outputs" else compiled["loss"]})
+        return model
+
+    targets = [y, -y] if setting == "two_outputs" else y
+    keras.mixed_precision.set_global_policy("mixed_float16" if setting == "mixed_float16" else "float32")
+    try:
+        model = kmp.parallelize(strategy=strategy)(build)()
+        history = model.fit(x, targets, batch_size=batch, epochs=2, shuffle=False, verbose=0,
+                            validation_data=(x, targets), **fit)
+        evaluation = model.evaluate(x, targets, batch_size=batch, verbose=0, return_dict=True)
+        predictions = model.predict(x, batch_size=batch, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return {"weights": model.get_weights(), "history": history.history, "evaluate": evaluation,
+            "predict": predictions}
+
+
+def largest_differences(got, want):
+    """The largest difference of weights, of each History key and evaluate key, of predict."""
+    out = {"weights": max(float(np.max(np.abs(a - b))) for a, b in zip(got["weights"], want["weights"], strict=True))}
+    out.update({f"history {k}": float(np.max(np.abs(np.subtract(got["history"][k], v))))
+                for k, v in want["history"].items()})
+    out.update({f"evaluate {k}": abs(got["evaluate"][k] - v) for k, v in want["evaluate"].items()})
+    out["predict"] = max(float(np.max(np.abs(np.subtract(a, b)))) for a, b in zip(
+        *(p if isinstance(p, list) else [p] for p in (got["predict"], want["predict"])), strict=True))
+    return out
+
+
+def uneven_lengths_run(strategy):
+    """Arrays of 40 rows on worker 0 (every batch of 4 splits evenly) and 39 on the others (a
+    partial last batch of 3): the workers must agree to weigh rows, or their steps would run
+    different collectives. The weights, and whether the weighted step ran."""
+    import keras_mgpu_plugins as kmp
+
+    x, y = make_data()
+    rows = 40 if kmp.topology().worker_index == 0 else 39
+    model = kmp.parallelize(strategy=strategy)(model_factory())()
+    model.fit(x[:rows], y[:rows], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return {"weights": model.get_weights(),
+            "weighted": len(getattr(model.train_function, "_kmp_weighted", ()))}

@@ -22,7 +22,8 @@ from keras_mgpu_plugins.compat import _names
 #: Keras internals the workarounds use inside the methods they patch (beside what they
 #: replace), as `compat._names` keys.
 PATCH_INTERNALS = ("tree", "backend variable", "stateless scope", "epoch iterator",
-                   "array data adapter", "tensorflow trainer module", "reduction metrics module")
+                   "array data adapter", "tf dataset adapter", "tensorflow trainer module",
+                   "reduction metrics module")
 LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 #: Per library, the first version kmp's records were not checked for (exclusive upper bound
 #: of their ranges): the first release CI has not run. pyproject.toml caps Keras and

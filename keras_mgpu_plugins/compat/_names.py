@@ -119,6 +119,8 @@ NAMES: tuple[PrivateName, ...] = (
        has=("_enumerate_iterator",)),
     _k("array data adapter",
        "keras.src.trainers.data_adapters.array_data_adapter.ArrayDataAdapter"),
+    _k("tf dataset adapter",
+       "keras.src.trainers.data_adapters.tf_dataset_adapter.TFDatasetAdapter"),
     _k("py_dataset adapter module", "keras.src.trainers.data_adapters.py_dataset_adapter",
        has=("init_pool_generator", "OrderedEnqueuer")),
     _k("functional graph", "keras.src.ops.function.Function", has=("_run_through_graph",)),

@@ -6,8 +6,8 @@ there), the symptom it fixes, what it replaces and which patch it must wrap,
 and is tested by a real run that fails without it (`tests/multi_worker/test_fit.py`,
 `tests/multi_device/test_fit_settings.py`). The patches themselves live in
 `patches.trainer`, `patches.loss_scale`, `patches.compile_settings`, `patches.optimizer`,
-`patches.data`, `patches.iterators`, `patches.input_check`, `patches.custom_step` and
-`patches.outside_scope`.
+`patches.data`, `patches.iterators`, `patches.input_check`, `patches.row_weights`,
+`patches.custom_step` and `patches.outside_scope`.
 """
 
 from __future__ import annotations
@@ -181,22 +181,6 @@ WORKAROUNDS: tuple[Patch, ...] = (
         wraps=("tensorflow epoch iterator._get_iterator",),
         after=("release_iterators_off_thread",),
     ),
-    # No upstream issue found: Keras's epoch iterator makes an iterator after each epoch's
-    # last batch that the next epoch replaces unread (no `steps_per_epoch`); a distributed one
-    # costs 70-250 ms on 2 workers sharing 2 cores. The upstream field names that code. Keras
-    # 3.10 and 3.15. Outermost of the `_get_iterator` wrappers: nothing is made or kept.
-    Patch(
-        name="defer_epoch_end_iterator",
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
-        min_version="3.10.0",
-        max_version=_KERAS_MAX,
-        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.iterators", "patch_defer_epoch_end_iterator"),
-        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.iterators", "makes_unread_epoch_end_iterator"),
-        changes_results=False,
-        symptom="each epoch of a distributed fit ends with a pause (70-250 ms on 2 workers) making an iterator the next epoch does not use",
-        wraps=("tensorflow epoch iterator._get_iterator",),
-        after=("release_iterators_off_thread", "full_batch_executions_skip_input_check"),
-    ),
     # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
     # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras
     # 3.10 and 3.15.
@@ -236,6 +220,42 @@ WORKAROUNDS: tuple[Patch, ...] = (
         wraps=("tensorflow trainer._make_function", "base optimizer.apply_gradients"),
         after=("steps_per_execution_under_distribution",),
     ),
+    # No keras-team/keras issue found (keras-team/keras#20609 made Keras 3 scale by 1/replicas;
+    # tensorflow/tensorflow#36153 is the closest: MultiWorkerMirroredStrategy and the partial
+    # last batch): a replica's loss is its own rows' mean times 1/replicas, so a global batch
+    # that does not split evenly trains on the mean of the replicas' means. Wraps
+    # `_make_function` after the XLA patch (which computes the weight outside XLA) and inside
+    # `custom_step_logs_unscaled` (which marks what the scaling here returns); it tags the
+    # iterators whatever the other `_get_iterator` patches return. Keras 3.10 and 3.15.
+    Patch(
+        name="uneven_batches_weighted_by_rows",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/losses/loss.py",
+        min_version="3.10.0",
+        max_version=_KERAS_MAX,
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.row_weights", "patch_row_weighted_losses"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.row_weights", "scales_by_replicas"),
+        symptom="a global batch that does not split evenly over the replicas (batch_size=31 on 2 GPUs, a partial last batch, 1 row on 2 workers) trains other weights than one device, with no warning (a data set of 1 row on 2 workers: half the gradient)",
+        wraps=("tensorflow trainer._make_function", "tensorflow epoch iterator._get_iterator",
+               "loss module.scale_loss_for_distribution", "loss module.unscale_loss_for_distribution"),
+        after=("jit_compile_per_replica", "full_batch_executions_skip_input_check"),
+    ),
+    # No upstream issue found: Keras's epoch iterator makes an iterator after each epoch's
+    # last batch that the next epoch replaces unread (no `steps_per_epoch`); a distributed one
+    # costs 70-250 ms on 2 workers sharing 2 cores. The upstream field names that code. Keras
+    # 3.10 and 3.15. Outermost of the `_get_iterator` wrappers: nothing is made or kept.
+    Patch(
+        name="defer_epoch_end_iterator",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",
+        min_version="3.10.0",
+        max_version=_KERAS_MAX,
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.iterators", "patch_defer_epoch_end_iterator"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.iterators", "makes_unread_epoch_end_iterator"),
+        changes_results=False,
+        symptom="each epoch of a distributed fit ends with a pause (70-250 ms on 2 workers) making an iterator the next epoch does not use",
+        wraps=("tensorflow epoch iterator._get_iterator",),
+        after=("release_iterators_off_thread", "full_batch_executions_skip_input_check",
+               "uneven_batches_weighted_by_rows"),
+    ),
     # No upstream issue found: Keras scales a Loss's value by 1/replicas in the replica context
     # and only its own train_step unscales what it logs; a custom step's logged losses are
     # divided by the replicas. Wraps `_make_function` last (the step function each of the
@@ -249,7 +269,7 @@ WORKAROUNDS: tuple[Patch, ...] = (
         present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.custom_step", "losses_scaled_for_distribution"),
         symptom="a custom train_step / test_step logs its loss divided by the number of replicas (halved on 2 GPUs)",
         wraps=("tensorflow trainer._make_function", "loss module.scale_loss_for_distribution", "loss module.unscale_loss_for_distribution", "reduction metrics module.Mean.update_state"),
-        after=("jit_compile_per_replica",),
+        after=("uneven_batches_weighted_by_rows",),
     ),
     # A TensorFlow bug (found by this package's fit-settings tests; no upstream issue found,
     # tensorflow/tensorflow#59729 is the closest: a CPU tensor made from a NumPy array shares

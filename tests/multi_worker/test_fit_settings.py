@@ -37,6 +37,8 @@ def on_each_worker():
         "recompiled": s.recompile_outside_scope_run("auto"),
         "distiller": s.distiller_run("auto"),  # no call(): keras#21800; its losses logged
         "distiller_adam": s.distiller_run("auto", "adam", False, 2),
+        "uneven": {case: s.uneven_batches_run("auto", *case) for case in UNEVEN_CASES},
+        "uneven_lengths": s.uneven_lengths_run("auto"),
         "release_thread": s.release_state(),  # after the others: none blocked it
         # Last: without kmp's patch the job never ends (a forked data worker ignores SIGTERM).
         "processes": s.input_types_run("auto", ("py_dataset_processes",)),
@@ -47,6 +49,10 @@ LOUD = {"scale_y": 30.0, "lr": 1e-4, "loud_half": 30.0}  # worker 1's half overf
 ACCUMULATION = {"accumulation": 3, "steps_per_execution": 4}  # updates straddle executions
 CLIP_EMA = {"global_clipnorm": 0.5, "use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3}
 CLIP_ACCUMULATION = {"clipvalue": 0.1, "accumulation": 2}  # with XLA
+#: Uneven global batches on 2 workers (the rest of the settings run on 2 devices).
+UNEVEN_CASES = [("31_on_2", "mse"), ("one_row", "mse"), ("partial_last", "sample_weight"),
+                ("partial_last", "sum_loss"), ("partial_last", "mixed_float16"),
+                ("partial_last", "steps_per_execution"), ("partial_last", "custom_step")]
 
 
 @pytest.fixture(scope="module")
@@ -292,3 +298,30 @@ def test_knowledge_distillation_trains_and_logs_as_one_device(workers, key, args
             np.testing.assert_allclose(run["evaluate"][name], value, atol=1e-5, err_msg=name)
     assert workers[0][key]["history"] == workers[1][key]["history"]
     assert workers[0][key]["evaluate"] == workers[1][key]["evaluate"]
+
+
+@pytest.mark.parametrize("shape, setting", UNEVEN_CASES, ids=[f"{a}-{b}" for a, b in UNEVEN_CASES])
+def test_an_uneven_or_tiny_global_batch_trains_as_one_device(workers, shape, setting):
+    """31 rows on 2 workers (16 and 15), a data set of 1 row (1 and none), the partial last
+    batch of 21 rows in 8s (3 and 2): before uneven_batches_weighted_by_rows, 2.8e-3 to
+    1.7e-2 off one device on the weights (and a data set of 1 row failed to build with a
+    regularizer on the worker of no rows)."""
+    one = s.uneven_batches_run("default", shape, setting)
+    atol = 2e-4 if setting == "mixed_float16" else 1e-5  # float16's rounding per replica
+    for got in workers:
+        run = got["uneven"][(shape, setting)]
+        assert run["history"].keys() == one["history"].keys()
+        worst = s.largest_differences(run, one)
+        assert max(worst.values()) <= atol, worst
+    first, second = (w["uneven"][(shape, setting)] for w in workers)
+    assert first["history"] == second["history"]
+    for a, b in zip(first["weights"], second["weights"], strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_workers_agree_to_weigh_rows_when_one_has_an_uneven_last_batch(workers):
+    """40 rows on worker 0 (even), 39 on worker 1: both weigh rows (else their steps would run
+    different collectives), and end with the same weights."""
+    assert [w["uneven_lengths"]["weighted"] for w in workers] == [1, 1]
+    for a, b in zip(*(w["uneven_lengths"]["weights"] for w in workers), strict=True):
+        assert np.array_equal(a, b)

@@ -27,7 +27,7 @@ MODULE = "keras.src.backend.tensorflow.trainer"
 #: The workarounds that wrap a method of the TensorFlow trainer class.
 ON_THE_TRAINER = {"symbolic_build_per_replica_batch", "symbolic_build_without_call",
                   "steps_per_execution_under_distribution", "jit_compile_per_replica",
-                  "custom_step_logs_unscaled"}
+                  "uneven_batches_weighted_by_rows", "custom_step_logs_unscaled"}
 
 
 @pytest.fixture

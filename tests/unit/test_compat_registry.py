@@ -65,7 +65,10 @@ def test_every_pair_wrapping_one_attribute_has_a_declared_order_kept_by_the_tabl
                            "_all_reduce_sum_gradients", "_get_iterator", "fit", "evaluate",
                            "predict", "compile", "compile (instance)", "train_on_batch",
                            "test_on_batch", "predict_on_batch", "train_step (instance)",
-                           "predict_step (instance)", "call (instance)"}
+                           "predict_step (instance)", "call (instance)",
+                           "scale_loss_for_distribution", "unscale_loss_for_distribution"}
+    assert shared["scale_loss_for_distribution"] == ["uneven_batches_weighted_by_rows",
+                                                     "custom_step_logs_unscaled"]
     assert shared["fit"] == ["parameter_server_methods", "chief_only_progress_bars",
                              "stall_watchdog_on_every_fit", "same_callbacks_on_every_worker",
                              "jax_inputs_as_on_one_device", "same_calls_on_every_worker",

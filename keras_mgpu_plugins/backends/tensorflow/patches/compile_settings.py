@@ -15,6 +15,7 @@ import functools
 import threading
 from typing import Any
 
+from keras_mgpu_plugins.backends.tensorflow.patches import row_weights
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.patches.optimizer import clips, overwrite_with_ema
 from keras_mgpu_plugins.compat._checks import source_has
@@ -174,12 +175,16 @@ def _xla_per_replica(model: Any, step_function: Any) -> Any:
 
     stateless_scope = resolve("stateless scope")
     traced: dict[str, Any] = {}  # the Python side of the last trace (the same for every one)
+    # A step whose losses `patches.row_weights` weighs by rows: its weight is a collective,
+    # computed outside XLA and passed in.
+    weight_of = getattr(step_function, "weight_of", None)
+    step_function = getattr(step_function, "unweighted", step_function)
 
     @tf.function(jit_compile=True, reduce_retracing=True)
-    def compiled(data):
+    def compiled(data, weight):
         _recording.pending = pending = []
         try:
-            with stateless_scope() as scope:
+            with stateless_scope() as scope, row_weights.weighted(weight):
                 outputs = step_function(data)
         except RuntimeError as err:
             if "merge_call" not in str(err):
@@ -205,7 +210,7 @@ def _xla_per_replica(model: Any, step_function: Any) -> Any:
         return outputs, grads, [scope.get_current_value(v) for v in written]
 
     def per_replica(data):
-        outputs, grads, values = compiled(data)
+        outputs, grads, values = compiled(data, None if weight_of is None else weight_of(data))
         for variable, value in zip(traced["written"], values, strict=True):
             variable.assign(value)
         for (optimizer, variables), gradients in zip(traced["applies"], grads, strict=True):

@@ -12,6 +12,7 @@ import warnings
 import weakref
 from typing import Any
 
+from keras_mgpu_plugins.backends.tensorflow.patches import row_weights
 from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
 from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
@@ -91,6 +92,16 @@ def patch_scaled_loss_logs() -> Any:
     the global batch's value for equal shares. Values that do not depend on a
     scaled loss (metric results) are unchanged; any other function of one
     (`exp(loss)`) is warned about once, naming its key.
+
+    Where `patches.row_weights` weighs each replica's loss by its rows (a
+    global batch that may not split evenly), the replicas' values still sum
+    to the global batch's, so the same product by the replicas holds; a
+    value fed to a `Mean` with a `sample_weight` (Keras's own loss tracker
+    passes the rows) is unscaled as Keras unscales, to the replica's own
+    value; and an unscaled loss fed with none (Keras's per-output losses of
+    a multi-output model, when the batch size is not static) is brought to
+    the replica's share times the replicas, so the mean across replicas is
+    the global batch's value.
     """
     trainer, loss_module = resolve("tensorflow trainer"), resolve("loss module")
     mean = resolve("reduction metrics module").Mean
@@ -105,12 +116,16 @@ def patch_scaled_loss_logs() -> Any:
         return _mark(unscale(value), value, _UNSCALED)
 
     def mean_update_state(self, values, sample_weight=None):
-        values = _unscaled(values, f"{self.name} (a keras.metrics.Mean fed in the step)", unscale)
+        what = f"{self.name} (a keras.metrics.Mean fed in the step)"
+        if sample_weight is None:
+            values = _equal_share(_unscaled(values, what, _times_replicas))
+        else:
+            values = _unscaled(values, what, unscale)
         return update_state(self, values, sample_weight=sample_weight)
 
     def _make_function(self, step_function):
         if distributing(self.distribute_strategy):
-            step_function = _unscaling_logs(self, step_function, unscale)
+            step_function = _unscaling_logs(self, step_function)
         return make_function(self, step_function)
 
     loss_module.scale_loss_for_distribution = scale_loss_for_distribution
@@ -140,7 +155,7 @@ def _mark(out: Any, value: Any, attribute: str) -> Any:
     return out
 
 
-def _unscaling_logs(model: Any, step_function: Any, unscale: Any) -> Any:
+def _unscaling_logs(model: Any, step_function: Any) -> Any:
     tree = resolve("tree")
     owner = type(model).__name__
 
@@ -148,12 +163,34 @@ def _unscaling_logs(model: Any, step_function: Any, unscale: Any) -> Any:
         logs = step_function(data)
         if isinstance(logs, dict):
             return {key: tree.map_structure(
-                lambda v, key=key: _unscaled(v, f"{key!r} of {owner}'s logs", unscale), value)
-                for key, value in logs.items()}
+                lambda v, key=key: _unscaled(v, f"{key!r} of {owner}'s logs", _times_replicas),
+                value) for key, value in logs.items()}
         return tree.map_structure(lambda v: _unscaled(v, f"the output of {owner}'s step",
-                                                      unscale), logs)
+                                                      _times_replicas), logs)
 
     return step
+
+
+def _times_replicas(value: Any) -> Any:
+    """`value` times the replicas in sync: for a replica's share of a global value (its loss
+    scaled for the gradient sum), what the mean across replicas makes that global value."""
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return value * tf.cast(replicas, value.dtype) if replicas > 1 else value
+
+
+def _equal_share(value: Any) -> Any:
+    """An unscaled loss (a replica's own value), fed to a `Mean` with no weight in a step whose
+    losses `patches.row_weights` weighs by rows: that weight times the replicas, so the mean
+    across replicas is the global batch's value. Anything else: as given."""
+    import tensorflow as tf
+
+    weight = row_weights.current_weight()
+    if (weight is None or not tf.is_tensor(value) or not hasattr(value, "graph")
+            or value.name not in _marked.get(value.graph, {}).get(_UNSCALED, ())):
+        return value
+    return _times_replicas(value * tf.cast(weight, value.dtype))
 
 
 def _unscaled(value: Any, what: str, unscale: Any) -> Any:

@@ -33,6 +33,9 @@ def patch_symbolic_build() -> Any:
     `predict` fail before the first step. The batch is only needed for its
     shapes and dtypes, so the first local replica's part serves.
 
+    A local batch of no rows (a worker's share of a global batch smaller than the
+    workers) is taken for its spec with any number of rows (`_any_rows`).
+
     Once the model, its compiled loss and metrics and its optimizer are built
     (every `fit` after the first), no batch is drawn: upstream still creates a
     distributed iterator and fetches a batch for a build that does nothing,
@@ -57,7 +60,7 @@ def patch_symbolic_build() -> Any:
             epoch = iterator.enumerate_epoch() if hasattr(iterator, "enumerate_epoch") else iterator
             for *_, it in epoch:
                 data_batch = tree.map_structure(
-                    lambda v: (
+                    lambda v: _any_rows(
                         strategy.experimental_local_results(v)[0]
                         if isinstance(v, tf.distribute.DistributedValues)
                         else v
@@ -70,6 +73,19 @@ def patch_symbolic_build() -> Any:
 
     trainer._maybe_symbolic_build = _maybe_symbolic_build
     return lambda: setattr(trainer, "_maybe_symbolic_build", original)
+
+
+def _any_rows(batch: Any) -> Any:
+    """`batch`, or for a batch of no rows (a worker's share of a global batch smaller than
+    the workers: 1 row on 2) its spec with any number of rows. Built on 0 rows, a loss would
+    be the empty tensor Keras's `reduce_values` returns for a shape of (0,): adding a
+    regularizer's loss to it fails ("Shapes must be equal rank")."""
+    import tensorflow as tf
+
+    if not tf.is_tensor(batch) or batch.shape.rank is None or batch.shape.rank == 0 \
+            or batch.shape[0] != 0:
+        return batch
+    return tf.TensorSpec((None, *batch.shape[1:]), batch.dtype)
 
 
 def _all_built(model: Any) -> bool:
