@@ -26,7 +26,11 @@ framework only when one is called:
   servers on other backends first): a worker or parameter server of a parameter-server
   cluster runs TensorFlow's server and never returns;
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
-  torch process group it started itself), else `None` (`kmp.topology()` asks it).
+  torch process group it started itself), else `None` (`kmp.topology()` asks it);
+- `count_step_flops(model, original, args)`: runs one train step (Keras's train function
+  `original`) and counts its forward and backward FLOPs (`_flop_count.FlopCount`);
+  `compute_devices()`: what each local device is (its name, `"cpu"`);
+  `float32_on_tensor_cores()`: whether float32 matmuls may use TF32 (for the peak).
 """
 
 from __future__ import annotations

@@ -170,6 +170,15 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp.callbacks.BackupAndRestore (resuming mid-epoch: the batches trained before "
                "the backup are drawn and skipped)", "3.1.0", _MAX, checks.check_train_function,
                "Use a Keras version in that range."),
+    PrivateUse("train_function_watched", "Trainer.train_function (made before on_train_begin; "
+               "replaced on the instance for one fit, each call timed, the first one also run "
+               "through the backend's FLOP counter: train_function(iterator) on TensorFlow, "
+               "train_function(state, iterator) on JAX, train_function(data) on torch)",
+               "kmp.callbacks.DeviceMetricsLogger (the time inside the step, for the straggler "
+               "report; the FLOPs per step, for MFU)", "3.1.0", _MAX,
+               lambda: checks.check_train_function(checks.WATCHED_TRAIN_FUNCTION_CALLS),
+               "DeviceMetricsLogger logs no phases of the step, no FLOPs and no MFU.",
+               fallback=True),
     PrivateUse("print_msg", "io_utils.print_msg", "kmp.callbacks.ModelCheckpoint messages",
                "3.0.0", _MAX, checks.check_print_msg,
                "Messages go through print or logging instead (keras_print_msg).", fallback=True),

@@ -147,3 +147,19 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step; no FLOP counter on this backend (`FlopCount.missing`)."""
+    from keras_mgpu_plugins._flop_count import FlopCount
+
+    return original(*args), FlopCount.missing(f"kmp counts no FLOPs on the {_backend()!r} "
+                                              "backend (TensorFlow, JAX and torch only)")
+
+
+def compute_devices() -> list[str]:
+    return ["cpu"]
+
+
+def float32_on_tensor_cores() -> bool:
+    return False

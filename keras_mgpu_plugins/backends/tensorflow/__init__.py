@@ -109,3 +109,25 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step (`original(*args)`, Keras's train function) and counts its forward
+    and backward FLOPs (`_flop_count.FlopCount`): see `backends/tensorflow/flops.py`."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import run_and_count
+
+    return run_and_count(model, original, args)
+
+
+def compute_devices() -> list[str]:
+    """What each device of this process is, for its peak FLOP/s (`samplers.peaks`)."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import compute_devices as kinds
+
+    return kinds()
+
+
+def float32_on_tensor_cores() -> bool:
+    """Whether float32 matmuls may run on TF32 tensor cores here (their peak for MFU)."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import float32_on_tensor_cores as tf32
+
+    return tf32()

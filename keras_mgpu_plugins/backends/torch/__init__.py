@@ -121,3 +121,25 @@ def joined() -> tuple[int, int] | None:
 
     index, count = collectives.world()
     return (index, count) if count > 1 else None
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step (`original(*args)`, Keras's train function) and counts its forward
+    and backward FLOPs (`_flop_count.FlopCount`): see `backends/torch/flops.py`."""
+    from keras_mgpu_plugins.backends.torch.flops import run_and_count
+
+    return run_and_count(model, original, args)
+
+
+def compute_devices() -> list[str]:
+    """What each device of this process is, for its peak FLOP/s (`samplers.peaks`)."""
+    from keras_mgpu_plugins.backends.torch.flops import compute_devices as kinds
+
+    return kinds()
+
+
+def float32_on_tensor_cores() -> bool:
+    """Whether float32 matmuls may run on TF32 tensor cores here (their peak for MFU)."""
+    from keras_mgpu_plugins.backends.torch.flops import float32_on_tensor_cores as tf32
+
+    return tf32()
