@@ -8,7 +8,9 @@ batch and the code that runs a step can report cheaply, whatever the backend:
 - kmp's own input readers (the `PyDataset`s of `inputs`, each process's share of every
   global batch) and TensorFlow's Python inputs (the functions `tf.data` calls for a
   generator or a `PyDataset`, through the registry kmp patches) time each batch they read:
-  `reading_input()`.
+  `reading_input()`;
+- `Runtime.all_gather` times each of kmp's collectives between steps (`in_collective()`):
+  waiting there for a slower worker (its input check, a stop agreement) is no host work.
 
 `CLOCK.totals` holds cumulative seconds in `FIELDS` order; `DeviceMetricsLogger` copies
 them at every batch start (`records.StepTimer`), so a window's phases are differences of
@@ -28,8 +30,9 @@ from collections.abc import Iterator
 import numpy as np
 
 #: The cumulative totals, in seconds.
-FIELDS = ("step", "input_in_step", "input_between_steps", "input_other_threads")
-STEP, INPUT_IN, INPUT_OUT, INPUT_OTHER = range(len(FIELDS))
+FIELDS = ("step", "input_in_step", "input_between_steps", "input_other_threads",
+          "collective_between_steps")
+STEP, INPUT_IN, INPUT_OUT, INPUT_OTHER, COLLECTIVE_OUT = range(len(FIELDS))
 
 
 class PhaseClock:
@@ -75,6 +78,19 @@ class PhaseClock:
         finally:
             self.add_input(time.perf_counter() - start)
 
+    @contextlib.contextmanager
+    def in_collective(self) -> Iterator[None]:
+        """Times the block as a wait for the other workers in one of kmp's collectives (an
+        input check, a stop agreement): between steps it is no host work of this worker."""
+        if not self.watching or self.in_step or threading.get_ident() != self.training_thread:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[COLLECTIVE_OUT] += time.perf_counter() - start
+
     def watch(self) -> None:
         """A train function is watched from now on, from the calling (training) thread."""
         self.training_thread = threading.get_ident()
@@ -100,11 +116,12 @@ def phases(deltas: np.ndarray, cycles: np.ndarray) -> np.ndarray:
     Input is what the training thread spent reading (inside and between steps); host is
     what it spent outside the step function on anything else (callbacks, Python of the
     loop); compute is the step function's time without the input read inside it (the
-    computation, and the wait for the other workers in the step's collectives).
+    computation, and the wait for the other workers in the step's collectives), with the
+    time kmp's collectives between steps waited for the other workers.
     """
     deltas = np.asarray(deltas, dtype=np.float64).reshape(-1, len(FIELDS))
     cycles = np.asarray(cycles, dtype=np.float64).reshape(-1)
-    step, inside, between, other = (deltas[:, i] for i in range(len(FIELDS)))
-    host = np.clip(cycles - step - between, 0.0, None)
-    compute = np.clip(step - inside, 0.0, None)
+    step, inside, between, other, waited = (deltas[:, i] for i in range(len(FIELDS)))
+    host = np.clip(cycles - step - between - waited, 0.0, None)
+    compute = np.clip(step - inside + waited, 0.0, None)
     return np.stack([inside + between, host, compute, other], axis=1)

@@ -147,9 +147,10 @@ def test_phase_keys_are_labelled_by_worker_and_hold_the_input_read_ahead():
 
 def test_phases_split_each_interval_into_input_host_and_compute():
     # interval 1: 10 ms; 6 in the step (1 of it reading input), 2 reading input between steps
-    deltas = np.array([[0.006, 0.001, 0.002, 0.0], [0.004, 0.0, 0.0, 0.003]])
-    split = _step_phases.phases(deltas, np.array([0.010, 0.005]))
-    np.testing.assert_allclose(split, [[0.003, 0.002, 0.005, 0.0], [0.0, 0.001, 0.004, 0.003]])
+    # interval 2: 8 ms; 4 in the step, 3 waiting in a collective between steps (compute)
+    deltas = np.array([[0.006, 0.001, 0.002, 0.0, 0.0], [0.004, 0.0, 0.0, 0.003, 0.003]])
+    split = _step_phases.phases(deltas, np.array([0.010, 0.008]))
+    np.testing.assert_allclose(split, [[0.003, 0.002, 0.005, 0.0], [0.0, 0.001, 0.007, 0.003]])
 
 
 def test_the_clock_puts_input_where_it_was_read():
@@ -164,7 +165,10 @@ def test_the_clock_puts_input_where_it_was_read():
     reader = threading.Thread(target=clock.add_input, args=(4.0,))
     reader.start()
     reader.join()
-    assert list(clock.totals[1:]) == [2.0, 1.0, 4.0] and clock.totals[0] > 0
+    with clock.in_collective():  # between steps, on the training thread
+        pass
+    assert list(clock.totals[1:4]) == [2.0, 1.0, 4.0] and clock.totals[0] > 0
+    assert clock.totals[4] > 0
 
 
 def test_the_step_timer_gives_each_interval_its_counters():
