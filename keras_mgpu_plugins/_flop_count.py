@@ -34,7 +34,7 @@ class FlopCount(NamedTuple):
     reason: str | None = None
 
     @classmethod
-    def missing(cls, reason: str, tokens: float = NAN, rows: float = NAN) -> FlopCount:
+    def absent(cls, reason: str, tokens: float = NAN, rows: float = NAN) -> FlopCount:
         return cls(NAN, tokens, rows, "", reason)
 
 
@@ -50,9 +50,9 @@ def per_sample(flops: float | None, rows: int | None, method: str, tokens: float
                what: str = "the step") -> FlopCount:
     """A `FlopCount` from `flops` counted for a batch of `rows` (not counted: zero or none)."""
     if not rows:
-        return FlopCount.missing(f"{what}'s batch size could not be read", tokens)
+        return FlopCount.absent(f"{what}'s batch size could not be read", tokens)
     if flops is None or not flops > 0:
-        return FlopCount.missing(f"{method} counted no FLOPs in {what}", tokens, float(rows))
+        return FlopCount.absent(f"{method} counted no FLOPs in {what}", tokens, float(rows))
     return FlopCount(float(flops) / rows, tokens, float(rows), method)
 
 
@@ -61,4 +61,4 @@ def guarded(count: Callable[..., FlopCount], *args: Any) -> FlopCount:
     try:
         return count(*args)
     except Exception as err:  # noqa: BLE001 - monitoring must not stop training
-        return FlopCount.missing(f"counting failed: {type(err).__name__}: {err}")
+        return FlopCount.absent(f"counting failed: {type(err).__name__}: {err}")

@@ -33,7 +33,10 @@ class _Peek:
         if self.spec is None:
             import jax
 
-            self.spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), item)
+            try:
+                self.spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), item)
+            except Exception as err:  # noqa: BLE001 - monitoring must not stop training
+                self.spec = err  # a batch of something else than arrays: said, not counted
         return item
 
 
@@ -42,8 +45,9 @@ def run_and_count(model: Any, original: Callable[..., Any], args: tuple) -> tupl
     state, iterator = args
     peek = _Peek(iterator)
     result = original(state, peek)
-    if peek.spec is None:
-        return result, FlopCount.missing("the step read no batch")
+    if peek.spec is None or isinstance(peek.spec, Exception):
+        why = "the step read no batch" if peek.spec is None else f"its batch: {peek.spec}"
+        return result, FlopCount.absent(why)
     return result, guarded(count, model, peek.spec)
 
 
@@ -58,7 +62,7 @@ def count(model: Any, data: Any) -> FlopCount:
     tokens = tokens_per_sample((tuple(leaf.shape), str(leaf.dtype)) for leaf in leaves)
     rows = int(leaves[0].shape[0]) if leaves and leaves[0].shape else 0
     if not model.trainable_variables:
-        return FlopCount.missing("the model has no trainable weights", tokens, rows)
+        return FlopCount.absent("the model has no trainable weights", tokens, rows)
     trainable = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in model.trainable_variables]
     fixed = [jax.ShapeDtypeStruct(tuple(v.shape), v.dtype) for v in model.non_trainable_variables]
 
@@ -80,7 +84,7 @@ def count(model: Any, data: Any) -> FlopCount:
 
     lowered = jax.jit(step).lower(trainable, fixed, x, cotangents)
     if "stablehlo.while" in lowered.as_text():
-        return FlopCount.missing("the step holds a loop (a scan, an RNN): XLA's cost analysis "
+        return FlopCount.absent("the step holds a loop (a scan, an RNN): XLA's cost analysis "
                                  "counts a loop's body once, whatever its trip count", tokens, rows)
     flops = _flops(lowered)
     return per_sample(flops, rows, METHOD, tokens)

@@ -150,10 +150,10 @@ def joined() -> None:
 
 
 def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
-    """Runs one train step; no FLOP counter on this backend (`FlopCount.missing`)."""
+    """Runs one train step; no FLOP counter on this backend (`FlopCount.absent`)."""
     from keras_mgpu_plugins._flop_count import FlopCount
 
-    return original(*args), FlopCount.missing(f"kmp counts no FLOPs on the {_backend()!r} "
+    return original(*args), FlopCount.absent(f"kmp counts no FLOPs on the {_backend()!r} "
                                               "backend (TensorFlow, JAX and torch only)")
 
 

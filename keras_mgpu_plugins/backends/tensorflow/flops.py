@@ -28,7 +28,7 @@ def run_and_count(model: Any, original: Callable[..., Any], args: tuple) -> tupl
     spec = getattr(args[0], "element_spec", None) if args else None
     result = original(*args)
     if spec is None:
-        return result, FlopCount.missing("the step's input has no element_spec")
+        return result, FlopCount.absent("the step's input has no element_spec")
     return result, guarded(count, model, spec)
 
 
@@ -46,7 +46,7 @@ def count(model: Any, spec: Any, default_rows: int = 8) -> FlopCount:
     x = tf.nest.map_structure(lambda s: tf.TensorSpec([rows, *s.shape[1:]], s.dtype), x)
     tokens = tokens_per_sample((tuple(s.shape), s.dtype.name) for s in tf.nest.flatten(x))
     if not model.trainable_variables:
-        return FlopCount.missing("the model has no trainable weights", tokens, rows)
+        return FlopCount.absent("the model has no trainable weights", tokens, rows)
 
     graph = None
     for training in (True, False):  # training=False where a layer cannot be traced training
@@ -56,10 +56,10 @@ def count(model: Any, spec: Any, default_rows: int = 8) -> FlopCount:
         except Exception as err:  # noqa: BLE001 - said below if neither traces
             error = err
     if graph is None:
-        return FlopCount.missing(f"the forward pass could not be traced ({type(error).__name__}: "
+        return FlopCount.absent(f"the forward pass could not be traced ({type(error).__name__}: "
                                  f"{error})", tokens, rows)
     if any(op.type in _LOOPS for op in graph.get_operations()):
-        return FlopCount.missing("the step holds a loop (tf.while_loop, an RNN), inside which "
+        return FlopCount.absent("the step holds a loop (tf.while_loop, an RNN), inside which "
                                  "TensorFlow's profiler does not count", tokens, rows)
     return per_sample(_profile(graph), rows, METHOD, tokens)
 

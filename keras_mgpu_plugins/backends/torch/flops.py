@@ -30,7 +30,7 @@ def run_and_count(model: Any, original: Callable[..., Any], args: tuple) -> tupl
         tokens, rows = _batch(args)
         counter = FlopCounterMode(display=False, custom_mapping=_cpu_attention())
     except Exception as err:  # noqa: BLE001 - monitoring must not stop training
-        return original(*args), FlopCount.missing(f"counting failed: {type(err).__name__}: {err}")
+        return original(*args), FlopCount.absent(f"counting failed: {type(err).__name__}: {err}")
     with counter:
         result = original(*args)
     return result, per_sample(counter.get_total_flops(), rows, METHOD, tokens)
