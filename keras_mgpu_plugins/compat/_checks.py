@@ -150,6 +150,8 @@ TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
                         "jax": "self.train_function(state, iterator)"}
 #: How each backend's `fit` calls its train function, for `compat.watch_steps`.
 WATCHED_TRAIN_FUNCTION_CALLS = {**TRAIN_FUNCTION_CALLS, "torch": "self.train_function(data)"}
+#: The trainer modules `check_train_function` reads (by the backend's name).
+TRAINER_MODULES = tuple(f"{backend} trainer module" for backend in WATCHED_TRAIN_FUNCTION_CALLS)
 
 
 def check_train_function(calls: dict[str, str] | None = None) -> list[str]:
