@@ -28,6 +28,13 @@ QUIET_RUNS = 5
 SCENARIOS = ("input", "host", *("none",) * QUIET_RUNS)
 
 
+def analytic_flops() -> float:
+    """The model's products per step at 2 FLOPs per multiply-add: forward, and the backward
+    pass's weight gradients and the second layer's input gradient (`tests/flop_models.py`)."""
+    first, second = 2 * BATCH * FEATURES * 32, 2 * BATCH * 32
+    return 2 * first + 3 * second
+
+
 def build():
     import keras
 
@@ -85,7 +92,7 @@ def run(scenario: str, model, rank: int) -> dict:
     finally:
         logging.getLogger("keras_mgpu_plugins").removeHandler(handler)
     keys = {k: [float(v) for v in values] for k, values in history.history.items()
-            if k.startswith(("straggler/", "phase/", "step_time/"))}
+            if k.startswith(("straggler/", "phase/", "step_time/", "flops/"))}
     summary = [line for line in printed.getvalue().splitlines() if line.startswith(
         ("Stragglers:", "Time per step by phase"))]
     return {"scenario": scenario, "keys": keys, "said": [m for m in said if "held back" in m],
@@ -124,6 +131,8 @@ def check(reports: list[dict]) -> None:
         assert mine["keys"] == theirs["keys"]  # one gathered record, on every worker
         assert theirs["said"] == [] and theirs["summary"] == []  # the chief alone reports
     codes = {"input": 1, "host": 2}
+    for report in chief["runs"]:  # counted on 2 workers: elementwise ops add 10-20% here
+        assert all(abs(f / analytic_flops() - 1.1) < 0.15 for f in report["keys"]["flops/per_step"])
     for report in chief["runs"]:
         found = named(report)
         if report["scenario"] == "none":  # no false alarm
@@ -134,7 +143,8 @@ def check(reports: list[dict]) -> None:
         phase = report["scenario"]
         assert found == [(1, codes[phase])] * EPOCHS, describe(report)
         excess = report["keys"]["straggler/excess_ms"]
-        assert all(0.7 * 1000 * DELAY < e < 2.0 * 1000 * DELAY for e in excess), describe(report)
+        # TensorFlow reads ahead on tf.data's thread: the first epoch's median may hold half
+        assert all(0.3 * 1000 * DELAY < e < 2.0 * 1000 * DELAY for e in excess), describe(report)
         assert len(report["said"]) == EPOCHS and all(
             f"held back by worker 1 ({phase}:" in m for m in report["said"]), describe(report)
         assert report["summary"][-1].startswith(f"Stragglers: held back by worker 1 ({phase}:")

@@ -63,15 +63,22 @@ _announced: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDict
 
 
 def announce(model: Any, key: str, value: Any) -> None:
-    """States `value` under `key` for the `fit` of `model` (replacing an earlier one)."""
+    """States `value` under `key` for the `fit` of `model` (replacing an earlier one; nothing
+    for an object that cannot be held weakly, as a stand-in model in a test)."""
     with _lock:
-        _announced.setdefault(model, {})[key] = value
+        try:
+            _announced.setdefault(model, {})[key] = value
+        except TypeError:
+            pass
 
 
 def announced(model: Any, key: str, default: Any = None) -> Any:
     """What was announced under `key` on `model`, or `default`."""
     with _lock:
-        return _announced.get(model, {}).get(key, default)
+        try:
+            return _announced.get(model, {}).get(key, default)
+        except TypeError:
+            return default
 
 
 def subscribe(model: Any, topic: str, listener: Listener) -> None:
