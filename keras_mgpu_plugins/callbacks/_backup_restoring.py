@@ -84,9 +84,7 @@ class Restoring:
         self._check_split = world.get("replicas", here.replicas_in_sync) != here.replicas_in_sync
         if "seed_generators" in saved:
             training.set_seed_generators(self.model, saved["seed_generators"], self.backup_dir)
-        if saved.get("numpy_rng"):
-            training.set_numpy_rng(saved["numpy_rng"])
-        training.set_data_order(saved.get("data_order"))
+        training.set_epoch_start(saved)
         compat.set_initial_epoch(self.model, state.epoch)
         self._current_epoch, self._skip_until = state.epoch, state.batches_done
         self._batches_seen_since_last_saving = 0

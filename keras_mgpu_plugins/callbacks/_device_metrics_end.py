@@ -43,8 +43,10 @@ def finish(callback: Any, series: np.ndarray | None) -> None:
     """The chief's plot (of `gather_series`'s `series`) and summary table, as `callback` (the `DeviceMetricsLogger`) asks."""
     records = callback.records
     if series is not None:
+        from keras_mgpu_plugins import _backend
+
         plot_run(callback.plot, series[0, :, 0], series[:, :, 1:], callback._all_names,
-                 callback._epoch_ends, phases=phases_by_epoch(records))
+                 callback._epoch_ends, framework=_backend.lane(), phases=phases_by_epoch(records))
     if callback.summary:
         seconds, batches = concat(callback._run_intervals)
         rows = sum(w.run["rows_per_batch"] for w in records[-1]) if records else None

@@ -7,8 +7,11 @@ count too). The backup's metadata (`BackupState.training`, JSON) adds:
 - `seed_generators`: the state of every `keras.random.SeedGenerator` of the model
   (Dropout's masks, random augmentation layers), the variables `model.variables` holds
   beyond `model.weights` (which Keras's weights file leaves out);
-- `numpy_rng`: NumPy's global random state at the start of the epoch to resume: Keras
-  draws its shuffle of arrays (JAX, one process) from it at each epoch's start;
+- `numpy_rng`, `python_rng`, `backend_rng`: NumPy's, Python's and (torch) the backend's
+  global random states at the start of the epoch to resume: Keras, and kmp on several
+  processes as Keras does (`inputs.shuffle`), draw the shuffle of arrays (NumPy's on JAX,
+  torch's on torch) and of a `PyDataset`'s batches (Python's) from them at each epoch's
+  start;
 - `data_order`: the state of kmp's own shuffled feeding at that epoch's start
   (`_data_order`: several processes, JAX or torch), so the resumed epochs see the rows in the
   order of the uninterrupted run whatever seed the new `fit` drew;
@@ -76,6 +79,53 @@ def numpy_rng() -> list:
 def set_numpy_rng(state: list) -> None:
     name, keys, pos, has_gauss, cached = state
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def python_rng() -> list:
+    """Python's `random` state (`random.getstate()`) as JSON values."""
+    import random
+
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_python_rng(state: list) -> None:
+    import random
+
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def backend_rng() -> list | None:
+    """The active backend's global random state where its Keras draws from one (torch's
+    generator: its `DataLoader` shuffle), as JSON values; `None` elsewhere."""
+    from keras_mgpu_plugins import _backend
+
+    return _backend.active().random_state()
+
+
+def set_backend_rng(state: list | None) -> None:
+    from keras_mgpu_plugins import _backend
+
+    if state is not None:
+        _backend.active().set_random_state(state)
+
+
+def epoch_start() -> dict:
+    """The random states and data order a backup taken within the epoch that starts now
+    resumes with (read before the epoch's shuffle draws)."""
+    return {"numpy_rng": numpy_rng(), "python_rng": python_rng(),
+            "backend_rng": backend_rng(), "data_order": data_order()}
+
+
+def set_epoch_start(saved: dict) -> None:
+    """Gives back the random states `epoch_start` recorded (those present)."""
+    if saved.get("numpy_rng"):
+        set_numpy_rng(saved["numpy_rng"])
+    if saved.get("python_rng"):
+        set_python_rng(saved["python_rng"])
+    set_backend_rng(saved.get("backend_rng"))
+    set_data_order(saved.get("data_order"))
 
 
 def data_order() -> dict | None:

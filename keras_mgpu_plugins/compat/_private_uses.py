@@ -3,18 +3,17 @@
 `keras_mgpu_plugins.compat` and the TensorFlow patches are the only ones that touch
 Keras internals, each through `compat._names` (every private name with its history);
 each helper names here the `PrivateUse` it relies on and calls `require(name)` first.
-The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied on, what
-in this package needs them, the Keras versions it is known for, and a `check`
-naming what is missing or changed. `tests/unit/test_compat.py` runs every
+The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied
+on, what in this package needs them, the Keras versions it is known for, and a `check` naming
+what is missing or changed. `tests/unit/test_compat.py` runs every
 check and exercises every helper in a real `fit`, so a Keras upgrade that
 renames or reshapes one fails there first.
 
 Versions. Run-tested: Keras 3.10.0 (TensorFlow 2.16.2) and 3.15.1 (TensorFlow 2.21), both in
-CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading
-the sources of the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0,
-3.6.0, 3.9.0, 3.10.0, 3.11.0 and 3.12.0: `min_version` is the first of those
-with the names, signatures and calls the use needs. `max_version`
-(exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first release CI has not run
+CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading the sources of
+the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0, 3.6.0, 3.9.0, 3.10.0, 3.11.0 and
+3.12.0: `min_version` is the first of those with the names, signatures and calls the use
+needs. `max_version` (exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first release CI has not run
 (keras-nightly 3.16.0.dev is run by the canary, `.ci/run canary`). TensorFlow
 internals (`library="tensorflow"`) are known for TensorFlow 2.16 to 2.21 (the
 range of the TensorFlow patches in `PATCHES`): `max_version` 2.22.0.
@@ -36,7 +35,7 @@ from collections.abc import Callable
 
 from keras_mgpu_plugins.compat import _checks as checks
 from keras_mgpu_plugins.compat import _jax_checks as jax_checks
-from keras_mgpu_plugins.compat import _names
+from keras_mgpu_plugins.compat import _names, _policy
 from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, KERAS_HOOK_CALLS, KERAS_PRIVATE_HOOKS
 from keras_mgpu_plugins.errors import UncheckedVersionError
 
@@ -123,6 +122,8 @@ def require(name: str) -> bool:
     if not problems and use.applies_to(version):
         return True
     if not problems and not checks.version_predates(version, use.min_version):
+        if _policy.folded(use.library):  # the one warning of an unchecked Keras stands for it
+            return True
         _warn_once(name, f"{use.used_by} relies on private {lib} API ({use.touches}) checked "
                          f"for {lib} {span}; {lib} {version} still has it, so it is used.")
         return True
@@ -170,15 +171,12 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp.callbacks.BackupAndRestore (resuming mid-epoch: the batches trained before "
                "the backup are drawn and skipped)", "3.1.0", _MAX, checks.check_train_function,
                "Use a Keras version in that range."),
-    PrivateUse("train_function_watched", "Trainer.train_function (made before on_train_begin; "
-               "replaced on the instance for one fit, each call timed, the first one also run "
-               "through the backend's FLOP counter: train_function(iterator) on TensorFlow, "
-               "train_function(state, iterator) on JAX, train_function(data) on torch)",
-               "kmp.callbacks.DeviceMetricsLogger (the time inside the step, for the straggler "
-               "report; the FLOPs per step, for MFU)", "3.1.0", _MAX,
+    PrivateUse("train_function_watched", "Trainer.train_function (replaced on the instance for "
+               "one fit: each call timed, the first run through the backend's FLOP counter; "
+               "called as WATCHED_TRAIN_FUNCTION_CALLS says)", "kmp.callbacks.DeviceMetricsLogger "
+               "(step phases for the straggler report, FLOPs for MFU)", "3.1.0", _MAX,
                lambda: checks.check_train_function(checks.WATCHED_TRAIN_FUNCTION_CALLS),
-               "DeviceMetricsLogger logs no phases of the step, no FLOPs and no MFU.",
-               fallback=True),
+               "DeviceMetricsLogger logs no phases of the step, no FLOPs and no MFU.", fallback=True),
     PrivateUse("print_msg", "io_utils.print_msg", "kmp.callbacks.ModelCheckpoint messages",
                "3.0.0", _MAX, checks.check_print_msg,
                "Messages go through print or logging instead (keras_print_msg).", fallback=True),
@@ -287,7 +285,19 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
                "or build it in the @kmp.parallelize factory."),
 )
+from keras_mgpu_plugins.compat._shuffle_checks import check_shuffle_draws  # noqa: E402
 from keras_mgpu_plugins.compat._torch_uses import TORCH_PRIVATE_USES  # noqa: E402
+
+PRIVATE_USES += (
+    PrivateUse("keras_shuffle_draws", "how Keras's input adapters draw a shuffle on one process "
+               "(array adapter: np.random.permutation, torch's RandomSampler / randperm; "
+               "PyDataset adapter: random.shuffle)",
+               "fit(shuffle=True) on several processes (JAX, torch): every process draws one "
+               "device's order as Keras does (inputs.shuffle)", "3.10.0", _MAX,
+               check_shuffle_draws,
+               "kmp cannot draw one device's order: pass shuffle=False, or shuffle the arrays "
+               "yourself (seeded alike on every process) before fit."),
+)
 
 PRIVATE_USES += tuple(PrivateUse(**fields) for fields in TORCH_PRIVATE_USES)
 _BY_NAME = {use.name: use for use in PRIVATE_USES}

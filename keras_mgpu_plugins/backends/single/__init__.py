@@ -23,6 +23,16 @@ def runtime_of(model: Any = None) -> Any:
     return SingleProcess()
 
 
+def saving_in_a_job() -> str:
+    """No job of several processes on this backend (messages)."""
+    return "this backend trains in one process only"
+
+
+def apart(model: Any) -> None:
+    """One process: no model trains apart from others (`runtime.apart`)."""
+    return None
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """One device only: Keras has no distributed `fit` on this backend."""
     if n == 1:
@@ -146,6 +156,21 @@ def serve_parameter_server(topology: Any) -> None:
 def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
+    return None
+
+
+def random_state() -> None:
+    """No global generator of this backend's own that Keras's input pipeline draws from."""
+    return None
+
+
+def set_random_state(state: object) -> None:
+    """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: one device: a random layer draws for the whole batch."""
     return None
 
 
