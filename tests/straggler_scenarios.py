@@ -134,6 +134,7 @@ def check(reports: list[dict]) -> None:
     for report in chief["runs"]:  # counted on 2 workers: elementwise ops add 10-20% here
         assert all(abs(f / analytic_flops() - 1.1) < 0.15 for f in report["keys"]["flops/per_step"])
     for report in chief["runs"]:
+        print(describe(report))  # the figures, for the closing note (pytest -rP shows them)
         found = named(report)
         if report["scenario"] == "none":  # no false alarm
             assert found == [(-1, 0)] * EPOCHS, describe(report)

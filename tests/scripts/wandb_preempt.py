@@ -5,7 +5,8 @@
 Trains a small model with `kmp.callbacks.BackupAndRestore(BACKUP_DIR)`,
 `kmp.callbacks.DeviceMetricsLogger` and `WandbLogger` (offline, in WANDB_DIR; batch logs
 every batch). `--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E
-(0-based), in the job's first run only (`KMP_RESTART` unset or 0).
+(0-based), in the job's first run only (`KMP_RESTART` unset or 0); the workers check for a
+signal at every step (`stop_check_interval=0`), so they stop after that batch.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class SignalAt(keras.callbacks.Callback):
 model = build()
 model.fit(x, y, batch_size=BATCH, epochs=args.epochs, shuffle=False, verbose=0, callbacks=[
     SignalAt(),
-    kmp.callbacks.BackupAndRestore(args.backup_dir),
+    kmp.callbacks.BackupAndRestore(args.backup_dir, stop_check_interval=0),  # stop at that step
     kmp.callbacks.DeviceMetricsLogger(batch_size=BATCH, sample_interval=None, summary=False),
     WandbLogger(project="kmp-preemption", dir=args.wandb_dir, log_freq=1),
 ])
