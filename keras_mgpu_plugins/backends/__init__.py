@@ -41,7 +41,9 @@ framework only when one is called:
 - `count_step_flops(model, original, args)`: runs one train step (Keras's train function
   `original`) and counts its forward and backward FLOPs (`_flop_count.FlopCount`);
   `compute_devices()`: what each local device is (its name, `"cpu"`);
-  `float32_on_tensor_cores()`: whether float32 matmuls may use TF32 (for the peak).
+  `float32_on_tensor_cores()`: whether float32 matmuls may use TF32 (for the peak);
+  `step_pacer()`: a callable given each train step's result that keeps one step in flight
+  (JAX's asynchronous dispatch), else `None`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ instance for one `fit`: every call is timed as the step (`_step_phases.CLOCK`), 
 first call of each train function Keras makes runs through the backend's FLOP counter
 (`_backend.active().count_step_flops`: the shapes of its batch, and on torch the step
 itself under `FlopCounterMode`), once per train function, not per step or per `fit`.
+Where the backend dispatches asynchronously (JAX) its `step_pacer()` keeps one step in
+flight, so that a step's time is the devices' and not the host's enqueuing.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ class Watch:
         self.count: FlopCount | None = _counts.get(self.original) if count else None
         self._left = _ATTEMPTS if count and self.count is None else 0
         self.watched = self._watched  # one bound method, compared by identity in `undo`
+        self._pace = _backend.active().step_pacer()
         model.train_function = self.watched
         CLOCK.watch()
 
     def _watched(self, *args: Any) -> Any:
         CLOCK.step_began()
         try:
-            if self._left:
-                return self._counting(args)
-            return self.original(*args)
+            result = self._counting(args) if self._left else self.original(*args)
+            if self._pace is not None:
+                self._pace(result)  # the step before this one is done
+            return result
         finally:
             CLOCK.step_ended()
 
@@ -54,6 +58,7 @@ class Watch:
 
     def undo(self) -> None:
         CLOCK.unwatch()
+        self._pace = None  # holds the last step's logs
         if vars(self.model).get("train_function") is self.watched:
             self.model.train_function = self.original
 

@@ -26,7 +26,9 @@ def test_counted_flops_are_within_5_percent_of_the_analytic_count(name):
     counted = found["logged"]["flops/per_step"]
     assert found["backend"] == "torch"
     assert counted == pytest.approx(found["analytic"], rel=0.05), (counted, found["analytic"])
-    assert found["logged"]["throughput/tflops"] > 0 and found["logged"]["efficiency/mfu_pct"] > 0
+    assert found["logged"]["throughput/tflops"] > 0
+    # a step's time is the devices' (JAX: one step in flight), so MFU is a share of the peak
+    assert 0 < found["logged"]["efficiency/mfu_pct"] <= 100, found["logged"]
     if name == "transformer":  # token ids: tokens/s = samples/s x the sequence's length
         assert found["logged"]["throughput/tokens_per_sec"] == pytest.approx(
             found["logged"]["throughput/samples_per_sec"] * flop_models.SEQ)

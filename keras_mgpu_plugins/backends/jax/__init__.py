@@ -194,3 +194,11 @@ def float32_on_tensor_cores() -> bool:
     from keras_mgpu_plugins.backends.jax.flops import float32_on_tensor_cores as tf32
 
     return tf32()
+
+
+def step_pacer() -> Any:
+    """What keeps one train step in flight (`backends/jax/pacing.py`): JAX dispatches
+    asynchronously, so without it the time between steps is the host's, not the devices'."""
+    from keras_mgpu_plugins.backends.jax.pacing import OneInFlight
+
+    return OneInFlight()

@@ -188,3 +188,8 @@ def compute_devices() -> list[str]:
 
 def float32_on_tensor_cores() -> bool:
     return False
+
+
+def step_pacer() -> None:
+    """`None`: no backend of kmp's: the steps are timed as Keras runs them."""
+    return None

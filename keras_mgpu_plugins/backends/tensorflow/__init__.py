@@ -167,3 +167,9 @@ def float32_on_tensor_cores() -> bool:
     from keras_mgpu_plugins.backends.tensorflow.flops import float32_on_tensor_cores as tf32
 
     return tf32()
+
+
+def step_pacer() -> None:
+    """`None`: a step of Keras's train function returns when TensorFlow has run it (its host
+    executor), the time between steps is the step's own."""
+    return None

@@ -181,3 +181,9 @@ def float32_on_tensor_cores() -> bool:
     from keras_mgpu_plugins.backends.torch.flops import float32_on_tensor_cores as tf32
 
     return tf32()
+
+
+def step_pacer() -> None:
+    """`None`: Keras's torch step runs eagerly on the host; on a GPU the CUDA queue bounds how far
+    it runs ahead, so the mean over an epoch of many steps is the devices' pace."""
+    return None
