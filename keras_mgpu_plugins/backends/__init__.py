@@ -34,10 +34,16 @@ framework only when one is called:
   global batch start and how many rows it has, `(offset, total)`, else `None`
   (`kmp.parallelize(random_layers="one_device")`);
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
-  torch process group it started itself), else `None` (`kmp.topology()` asks it).
+  torch process group it started itself), else `None` (`kmp.topology()` asks it);
 - `random_state()`, `set_random_state(state)`: the framework's own global generator that
   Keras's input pipeline draws from (torch: its `DataLoader` shuffle), as JSON values, or
-  `None` where there is none; `BackupAndRestore` records it at each epoch's start.
+  `None` where there is none; `BackupAndRestore` records it at each epoch's start;
+- `count_step_flops(model, original, args)`: runs one train step (Keras's train function
+  `original`) and counts its forward and backward FLOPs (`_flop_count.FlopCount`);
+  `compute_devices()`: what each local device is (its name, `"cpu"`);
+  `float32_on_tensor_cores()`: whether float32 matmuls may use TF32 (for the peak);
+  `step_pacer()`: a callable given each train step's result that keeps one step in flight
+  (JAX's asynchronous dispatch), else `None`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 import keras
 
 from keras_mgpu_plugins import _stop_signals, compat, runtime
-from keras_mgpu_plugins.callbacks import _stopping
+from keras_mgpu_plugins.callbacks import _stopping, events
 from keras_mgpu_plugins.callbacks import _training_state as training
 from keras_mgpu_plugins.callbacks._backup_restoring import Restoring, copy_atomic
 from keras_mgpu_plugins.callbacks._backup_stopping import Stopping
@@ -171,6 +171,10 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
         # Keras dispatches batch-end hooks off the training thread only if none acts; the
         # stop checks are at a batch's start, which Keras calls on the training thread.
         compat.set_async_safe(self, save_freq == "epoch" or save_freq is False)
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        events.announce(model, "backup_dir", self.backup_dir)  # WandbLogger keeps its run id there
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.model.built:

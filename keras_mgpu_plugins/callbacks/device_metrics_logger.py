@@ -21,39 +21,42 @@ device such as `GPU:0`; the `workerK/` part appears only with several workers):
 | `host/[workerK/]cpu_pct`                  | %      | process CPU, 100 = one core     |
 | `host/[workerK/]tf_memory_mb`             | MB     | TF host allocator, at the end (2) |
 | `host/[workerK/]tf_peak_memory_mb`        | MB     | its peak, reset at each epoch (2) |
+| `flops/per_step`; `throughput/tflops`, `..._per_device` | FLOP; TFLOP/s | counted once; achieved |
+| `throughput/tokens_per_sec`; `efficiency/mfu_pct` | 1/s; % | token inputs; of the peak  |
+| `phase/[workerK/]input_ms`, `host_ms`, `compute_ms` | ms | per batch, by phase         |
+| `straggler/worker`, `straggler/phase`, `straggler/excess_ms` | | who holds the others back |
+| `cost/per_step`, `cost/epoch`, `cost/run` | price  | with `cost_per_*_hour`          |
 
-(1) The lane's own allocator: TensorFlow's `get_memory_info`, JAX's
-`Device.memory_stats()`, `torch.cuda`'s statistics (JAX cannot reset a peak: the
-process's so far). (2) TensorFlow lane only.
+(1) The lane's own allocator: TensorFlow's `get_memory_info`, JAX's `Device.memory_stats()`,
+`torch.cuda`'s statistics (JAX cannot reset a peak: the process's so far). (2) TensorFlow lane
+only. docs/efficiency.md explains the FLOPs, MFU, the phases and the straggler report.
 
 A key is present when its value is known at the first record (no `device/`
 keys without GPUs, no NVML keys without `nvidia-ml-py`, no `host/tf_*` keys off the
 TensorFlow lane), and then for the whole run, so CSV headers stay valid; the summary
 table has a column only where some worker has that figure. Keras's progress bar shows only
-`step_time/mean_ms`, `throughput/samples_per_sec` and the two `device/`
-aggregates (see `progbar`).
+`step_time/mean_ms`, `throughput/samples_per_sec`, `efficiency/mfu_pct` and the two
+`device/` aggregates (see `progbar`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import time
 import warnings
 
 import keras
 import numpy as np
 
-from keras_mgpu_plugins import compat, runtime
+from keras_mgpu_plugins import _step_phases, compat, runtime
 from keras_mgpu_plugins.callbacks import _device_metrics_end as _end
 from keras_mgpu_plugins.callbacks import _freq, events
+from keras_mgpu_plugins.callbacks._device_metrics_run import Efficiency, cost_per_hour, run_vector
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
+from keras_mgpu_plugins.samplers import efficiency as eff
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.reader import Reader
 from keras_mgpu_plugins.samplers.sinks import RecordSinks
-
-logger = logging.getLogger("keras_mgpu_plugins")
-_warned: set[str] = set()
 
 
 class DeviceMetricsLogger(keras.callbacks.Callback):
@@ -100,9 +103,20 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
             keys (every other callback sees all keys); `"all"`: it shows all.
         sampler: Source of device readings (default: `GPUSampler()`, the real
             TensorFlow/NVML one). Any `DeviceSampler`, e.g. a `ScriptedSampler`.
+        peak_tflops: Peak TFLOP/s of one device, for MFU (default: kmp's table of
+            NVIDIA GPUs and TPUs by precision, or on a CPU a matmul measured once).
+        cost_per_device_hour: Price of one device for an hour: adds `cost/` keys and
+            the run's cost to the summary.
+        cost_per_worker_hour: Price of one worker (process) for an hour, instead.
+
+    Every step is also timed by phase (waiting for input, host code outside the step
+    function, inside it) and the model's FLOPs are counted once per compiled step
+    function (`compat.watch_steps`); at each epoch's end the chief names a worker that
+    holds the others back, and the phase, and logs why MFU or FLOPs are missing, once.
 
     Raises:
-        ValueError: If an argument is out of range.
+        ValueError: If an argument is out of range (a peak or price that is not a
+            positive number included).
         keras_mgpu_plugins.collective.SettingsDifferError: At `fit`, if `plot`
             or `log_freq` differ between workers.
         TypeError: If `sampler` is not a `DeviceSampler`.
@@ -127,8 +141,14 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         progbar: str = "summary",
         sampler: DeviceSampler | None = None,
         log_every_n_batches: int | None = _freq.UNSET,
+        peak_tflops: float | None = None,
+        cost_per_device_hour: float | None = None,
+        cost_per_worker_hour: float | None = None,
     ) -> None:
         super().__init__()
+        self.peak_tflops = eff.check_positive("peak_tflops", peak_tflops)
+        self.cost_per_device_hour, self.cost_per_worker_hour = eff.check_prices(
+            cost_per_device_hour, cost_per_worker_hour)
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None. Received: batch_size={batch_size!r}")
@@ -164,8 +184,9 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self.progbar = progbar
         self.sampler = sampler
         self.records: list[list[rec.WorkerRecord]] = []  # one per epoch, every worker
-        self._timer = rec.StepTimer()
+        self._timer = rec.StepTimer(counters=_step_phases.CLOCK.totals)
         self._thread: SamplerThread | None = None
+        self._efficiency: Efficiency | None = None
 
     # --- Keras hooks --------------------------------------------------------------
 
@@ -181,8 +202,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self._t0 = time.perf_counter()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch, self._last_record = epoch, 0
-        self._intervals: list[tuple[np.ndarray, np.ndarray]] = []
+        self._epoch, self._last_record, self._epoch_t0 = epoch, 0, time.perf_counter()
+        self._intervals: list[tuple[np.ndarray, ...]] = []
         self._readings: list[np.ndarray] = []
         self._timer.start_epoch()
         self._thread.new_window(self._reader.reset_peaks)  # no reading from before it counts
@@ -198,6 +219,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self.records.append(workers)
         self._epoch_ends.append(time.perf_counter() - self._t0)
         self._steps_before_epoch += self._batches_done(None)
+        if self._chief:
+            _end.warn_stragglers(epoch, workers)
         if logs is not None:
             logs.update(metrics)
 
@@ -213,25 +236,30 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     # --- records ------------------------------------------------------------------
 
     def _record(self, kind: str, batch: int | None) -> tuple[list, dict]:
-        seconds, batches = self._timer.take()
-        self._intervals.append((seconds, batches))
-        self._run_intervals.append((seconds, batches))
+        window = self._timer.take(counters=True)
+        self._intervals.append(window)
+        self._run_intervals.append(window[:2])
         self._thread.sample_now()  # a failing sampler reads NaN (Reader): no worker stops alone
         self._readings.append(self._thread.drain())
         if kind == "epoch":
-            seconds, batches = _end.concat(self._intervals)
+            window = _end.concat(self._intervals)
             readings = np.concatenate([r for r in self._readings if r.size])
         else:
             readings = self._readings[-1]
         done = self._batches_done(batch)
         rows = _end.rows_counted(self.model) / done if done else np.nan
-        run = np.append(rec.step_stats(seconds, batches), [rows, self._reader.take_failures()])
+        stats = np.append(rec.step_stats(*window[:2]), [rows, self._reader.take_failures()])
+        run = run_vector(stats, self._efficiency, window)
         vector = rec.worker_vector(run, rec.reduce_window(readings, len(self._names)), self._max_devices)
         workers = rec.unpack(self._runtime.all_gather(vector), self._all_names)
         failed = [i for i, w in enumerate(workers) if w.run["failed_reads"] > 0]
-        self._warn_once_about_peers(failed)
-        metrics = self._schema.apply(rec.flatten(workers, self.batch_size, self._replicas),
-                                     keep_missing=bool(failed))  # a failed first read drops no key
+        _end.warn_peers(self._chief, failed, self._peers_warned)
+        now = time.perf_counter()
+        flat = rec.flatten(workers, self.batch_size, self._replicas)
+        flat.update(eff.keys([w.run for w in workers], self.batch_size, cost_per_hour(self.cost_per_device_hour, self.cost_per_worker_hour, workers),
+                             (now - self._epoch_t0, now - self._t0)))
+        _end.say_once(self._chief, self._efficiency)
+        metrics = self._schema.apply(flat, keep_missing=bool(failed))  # a failed first read drops no key
         self._runtime.together(lambda: self._write(kind, batch, metrics),  # chief-only files
                                "DeviceMetricsLogger: writing a record")
         events.publish(self.model, "device_metrics", {"epoch": self._epoch, "batch": batch, "metrics": metrics})
@@ -244,28 +272,24 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _batches_done(self, batch: int | None) -> int:
         """Batches done in this epoch: `batch` at a batch start, else all started ones."""
-        if batch is not None:
-            return batch
-        last = self._timer.last_step
-        if last is None:
-            return 0
-        steps = (self.params or {}).get("steps")
-        end = last + int(getattr(self.model, "steps_per_execution", 1) or 1)
-        return min(end, steps) if steps else end
+        return _end.batches_done(self._timer.last_step, batch, self.params, self.model)
 
     # --- run set-up and end -------------------------------------------------------
 
     def _open_run(self) -> None:
         if self._thread is not None:
             self._thread.stop()  # a previous fit that raised
+        if self._efficiency is not None:
+            self._efficiency.close()
         self._runtime = runtime.of(self.model)
         self._replicas = self._runtime.replicas_in_sync
         self._chief = self._runtime.is_chief
         # plot and log_freq decide how many collectives run: the same everywhere, or an error.
         self._runtime.same_settings({"plot": self.plot is not None, "log_freq": self.log_freq},
                                     type(self).__name__)
-        self._reader = self._runtime.together(self._open_reader,
-                                              "DeviceMetricsLogger: opening the samplers")
+        self._reader = self._runtime.together(  # GPUSampler() made inside: a failure is every worker's
+            lambda: Reader(GPUSampler() if self.sampler is None else self.sampler, HostSampler()),
+            "DeviceMetricsLogger: opening the samplers")
         self._names, self._peers_warned = self._reader.names, set()
         self._plot_gathered, self._every = self.plot is not None, self._every_n
         counts = self._runtime.all_gather(np.array([len(self._names)]))[:, 0]
@@ -277,13 +301,12 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
         self.records = []
         self._sinks = RecordSinks()
         self._runtime.together(self._open_sinks, "DeviceMetricsLogger: opening its files")
+        self._efficiency = Efficiency(self.model, self.peak_tflops)
         self._thread = SamplerThread(self._reader.read, self.sample_interval)
         self._thread.start()
-        self._warn_once_about_gpus()
-        self._restore_history = (  # every other callback and History see all keys
-            compat.hide_from_progbar(self.model, self._hidden_from_progbar)
-            if self.progbar == "summary" else None
-        )
+        _end.warn_once(self._chief, self._reader.unavailable())
+        self._restore_history = (compat.hide_from_progbar(self.model, self._hidden_from_progbar)
+                                 if self.progbar == "summary" else None)  # the rest see all
 
     def _open_sinks(self) -> None:
         if self._chief:
@@ -292,29 +315,6 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]
 
-    def _open_reader(self) -> Reader:
-        return Reader(self.sampler if self.sampler is not None else GPUSampler(), HostSampler())
-
     def _close_run(self) -> None:
-        self._thread.stop()
-        self._sinks.close()
-        close = getattr(self._reader.device, "close", None)
-        if self.sampler is None and close is not None:
-            close()
-        if self._restore_history is not None:
-            self._restore_history()
-
-    def _warn_once_about_gpus(self) -> None:
-        message = self._reader.unavailable()
-        if self._chief and message and message not in _warned:
-            _warned.add(message)
-            logger.warning(message)
-
-    def _warn_once_about_peers(self, failed: list[int]) -> None:
-        """The chief names other workers whose readings failed (their own logs hold the error)."""
-        new = [i for i in failed if i > 0 and i not in self._peers_warned]  # 0: logged by its Reader
-        if self._chief and new:
-            self._peers_warned.update(new)
-            logger.warning("DeviceMetricsLogger: reading devices or host failed on worker(s) %s; "
-                           "their values are NaN where it failed (the error is in that worker's log).",
-                           ", ".join(map(str, new)))
+        _end.close_run(self._efficiency, self._thread, self._sinks, self._reader, self.sampler,
+                       self._restore_history)

@@ -36,6 +36,14 @@ Topics and payloads (stable, documented):
 
 In `"checkpoint_saved"` and `"before_save"`, `batch` is Keras's 0-based index of
 the batch just finished for a batch-frequency save, `None` for a save at epoch end.
+
+Announcements are values a callback states about the `fit` (`announce`), kept on the
+model for whoever asks later (`announced`), whatever the order of the callbacks: Keras
+calls every callback's `set_model` before any `on_train_begin`, so a value announced in
+`set_model` is there for every `on_train_begin`. Stable keys:
+
+- `"backup_dir"`: the folder of the `kmp.callbacks.BackupAndRestore` of the `fit` (where
+  `WandbLogger` keeps its run's id, so a resumed job continues the same W&B run).
 """
 
 from __future__ import annotations
@@ -51,6 +59,26 @@ _lock = threading.Lock()
 _listeners: weakref.WeakKeyDictionary[Any, dict[str, list[Listener]]] = (
     weakref.WeakKeyDictionary()
 )
+_announced: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def announce(model: Any, key: str, value: Any) -> None:
+    """States `value` under `key` for the `fit` of `model` (replacing an earlier one; nothing
+    for an object that cannot be held weakly, as a stand-in model in a test)."""
+    with _lock:
+        try:
+            _announced.setdefault(model, {})[key] = value
+        except TypeError:
+            pass
+
+
+def announced(model: Any, key: str, default: Any = None) -> Any:
+    """What was announced under `key` on `model`, or `default`."""
+    with _lock:
+        try:
+            return _announced.get(model, {}).get(key, default)
+        except TypeError:
+            return default
 
 
 def subscribe(model: Any, topic: str, listener: Listener) -> None:

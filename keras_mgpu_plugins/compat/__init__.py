@@ -103,6 +103,7 @@ from keras_mgpu_plugins.compat._registry import (
     unpatch_keras,
 )
 from keras_mgpu_plugins.compat._report import CompatReport, PatchVerdict, report
+from keras_mgpu_plugins.compat._step_watch import watch_steps
 from keras_mgpu_plugins.compat._trainer import skip_train_steps
 
 __all__ = [
@@ -118,7 +119,7 @@ __all__ = [
     "set_async_safe", "set_initial_epoch", "skip_train_steps", "strategy_name", "unpatch_keras",
     "apply", "apply_to", "applied_on", "order_problems", "remove", "remove_from", "replace",
     "symptom_index", "NAMES", "PrivateName", "MissingNameError", "CompatReport", "PatchVerdict",
-    "report",
+    "report", "watch_steps",
 ]
 
 from keras_mgpu_plugins.backends.tensorflow.patches.hybrid import (  # noqa: E402

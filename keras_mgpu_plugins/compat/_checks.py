@@ -149,16 +149,21 @@ def check_initial_epoch() -> list[str]:
 #: How each backend's `fit` calls its train function (`compat.skip_train_steps` mimics it).
 TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
                         "jax": "self.train_function(state, iterator)"}
+#: How each backend's `fit` calls its train function, for `compat.watch_steps`.
+WATCHED_TRAIN_FUNCTION_CALLS = {**TRAIN_FUNCTION_CALLS, "torch": "self.train_function(data)"}
+#: The trainer modules `check_train_function` reads (by the backend's name).
+TRAINER_MODULES = tuple(f"{backend} trainer module" for backend in WATCHED_TRAIN_FUNCTION_CALLS)
 
 
-def check_train_function() -> list[str]:
-    """`fit` makes its train function before `on_train_begin`, then calls it as known."""
+def check_train_function(calls: dict[str, str] | None = None) -> list[str]:
+    """`fit` makes its train function before `on_train_begin`, then calls it as known
+    (`calls`: how, per backend; default `TRAIN_FUNCTION_CALLS`)."""
     import inspect
 
     import keras
 
     backend = keras.backend.backend()
-    call = TRAIN_FUNCTION_CALLS.get(backend)
+    call = (TRAIN_FUNCTION_CALLS if calls is None else calls).get(backend)
     if call is None:
         return [f"the {backend} backend's fit is not known"]
     problems = _names.missing(f"{backend} trainer module")

@@ -3,18 +3,17 @@
 `keras_mgpu_plugins.compat` and the TensorFlow patches are the only ones that touch
 Keras internals, each through `compat._names` (every private name with its history);
 each helper names here the `PrivateUse` it relies on and calls `require(name)` first.
-The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied on, what
-in this package needs them, the Keras versions it is known for, and a `check`
-naming what is missing or changed. `tests/unit/test_compat.py` runs every
+The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied
+on, what in this package needs them, the Keras versions it is known for, and a `check` naming
+what is missing or changed. `tests/unit/test_compat.py` runs every
 check and exercises every helper in a real `fit`, so a Keras upgrade that
 renames or reshapes one fails there first.
 
 Versions. Run-tested: Keras 3.10.0 (TensorFlow 2.16.2) and 3.15.1 (TensorFlow 2.21), both in
-CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading
-the sources of the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0,
-3.6.0, 3.9.0, 3.10.0, 3.11.0 and 3.12.0: `min_version` is the first of those
-with the names, signatures and calls the use needs. `max_version`
-(exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first release CI has not run
+CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading the sources of
+the released wheels 3.0.0, 3.1.0, 3.2.0, 3.3.3, 3.4.1, 3.5.0, 3.6.0, 3.9.0, 3.10.0, 3.11.0 and
+3.12.0: `min_version` is the first of those with the names, signatures and calls the use
+needs. `max_version` (exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first release CI has not run
 (keras-nightly 3.16.0.dev is run by the canary, `.ci/run canary`). TensorFlow
 internals (`library="tensorflow"`) are known for TensorFlow 2.16 to 2.21 (the
 range of the TensorFlow patches in `PATCHES`): `max_version` 2.22.0.
@@ -172,6 +171,12 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "kmp.callbacks.BackupAndRestore (resuming mid-epoch: the batches trained before "
                "the backup are drawn and skipped)", "3.1.0", _MAX, checks.check_train_function,
                "Use a Keras version in that range."),
+    PrivateUse("train_function_watched", "Trainer.train_function (replaced on the instance for "
+               "one fit: each call timed, the first run through the backend's FLOP counter; "
+               "called as WATCHED_TRAIN_FUNCTION_CALLS says)", "kmp.callbacks.DeviceMetricsLogger "
+               "(step phases for the straggler report, FLOPs for MFU)", "3.1.0", _MAX,
+               lambda: checks.check_train_function(checks.WATCHED_TRAIN_FUNCTION_CALLS),
+               "DeviceMetricsLogger logs no phases of the step, no FLOPs and no MFU.", fallback=True),
     PrivateUse("print_msg", "io_utils.print_msg", "kmp.callbacks.ModelCheckpoint messages",
                "3.0.0", _MAX, checks.check_print_msg,
                "Messages go through print or logging instead (keras_print_msg).", fallback=True),

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from keras_mgpu_plugins._step_phases import CLOCK
+
 CHECK_FIRST = 8  # every batch of the first ones (where a different seed or order shows)
 CHECK_EVERY = 16  # then every CHECK_EVERY-th batch (each check is one all-gather)
 _END = -1  # the rows of a generator's "end" fingerprint
@@ -180,13 +182,25 @@ def _share_generator(generator: Any, what: str, split: Any, sharing: Any) -> Any
     def shares() -> Any:
         checker, index = Checker(what, sharing.runtime), 0
         sharing.start_pass()
-        for batch in generator:
+        for batch in _timed(generator):
             checker.see(batch, index)
             yield split(batch, what, index)
             index += 1
         checker.see(None, index)  # a process whose input ended early: named (at a check)
 
     return shares()
+
+
+def _timed(generator: Any) -> Any:
+    """`generator`'s items, each read timed as input (`_step_phases.CLOCK`)."""
+    iterator = iter(generator)
+    while True:
+        with CLOCK.reading_input():
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+        yield batch
 
 
 def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any, sharing: Any) -> Any:
@@ -244,7 +258,8 @@ def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any, sharing
                 if shuffles:  # as Keras's adapter, from Python's random state; agreed
                     self.order = shuffling.agreed(shuffling.batch_order(batches),
                                                   sharing.runtime)
-            batch = self._fetch(i)
+            with CLOCK.reading_input():  # the input phase of DeviceMetricsLogger
+                batch = self._fetch(i)
             self.checker.see(batch, i)
             return split(batch, what, i)
 

@@ -32,6 +32,7 @@ from keras_mgpu_plugins.integrations._wandb_logic import (
     StepCounter,
     worker_run_name,
 )
+from keras_mgpu_plugins.integrations._wandb_resume import Resume, agreed
 
 MODES = ("chief", "group")
 INSTALL_HINT = 'pip install "keras_mgpu_plugins[wandb]"'
@@ -56,6 +57,12 @@ class WandbLogger(keras.callbacks.Callback):
 
     An active run (`wandb.run`) is used, not replaced, and not finished; a run
     this logger starts is finished at the end of `fit`.
+
+    With a `kmp.callbacks.BackupAndRestore` in the same `fit`, the run's id and last
+    step are kept beside the backup: a job stopped (exit 75) and run again, or restarted
+    by `kmp-launch --max-restarts`, continues the same run (`resume="allow"`), its steps
+    monotonic (steps already logged are not logged again). An `id` of your own in
+    `init_kwargs` is used as given instead.
 
     Args:
         project: W&B project (default: W&B's, e.g. `WANDB_PROJECT`).
@@ -116,6 +123,7 @@ class WandbLogger(keras.callbacks.Callback):
         self._sized = False
         self._steps: StepCounter | None = None
         self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._resume: Resume | None = None
         if self.log_every:  # a batch hook only when batch logs are asked for
             self.on_train_batch_end = self._log_batch
         self._listeners = (events.weak_listener(self, "_on_checkpoint"),
@@ -136,6 +144,7 @@ class WandbLogger(keras.callbacks.Callback):
         if self.mode == "group":
             self.group = agreed_group(self.group or os.environ.get(JOB_ID_ENV), here)
         self._logs_here = self.mode == "group" or here.is_chief
+        self._resume: Resume | None = agreed(self.model, here, self.mode, self.init_kwargs)
         # a failed wandb.init raises on every worker, naming the cause (none is left waiting)
         here.together(lambda: self._logs_here and self._open_run(here), "WandbLogger: wandb.init")
 
@@ -148,16 +157,24 @@ class WandbLogger(keras.callbacks.Callback):
             self._record_batch_sizes(batch)
 
     def _log_batch(self, batch: int, logs: dict | None = None) -> None:
-        if self.run is not None and (batch + 1) % self.log_every == 0:
-            row = {f"batch/{k}": v for k, v in (logs or {}).items()}
-            self.run.log(row, step=self._steps.at(batch=batch))
+        if self.run is not None and (batch + 1) % self.log_every == 0 and logs:  # {}: skipped
+            row = {f"batch/{k}": v for k, v in logs.items()}                     # on resuming
+            self._log(row, self._steps.at(batch=batch))
+
+    def _log(self, row: dict[str, Any], step: int) -> None:
+        """`run.log` at `step`, unless a run this one resumes logged that step already."""
+        if self._resume is None or step > self._resume.last_step:
+            self.run.log(row, step=step)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self.run is None:
             return
         if not self._sized and not any(k.startswith("val_") for k in logs or {}):
             self._record_batch_sizes(self.params.get("steps") or 1)  # 1-step epochs
-        self.run.log({**(logs or {}), "epoch": epoch}, step=self._steps.at())
+        step = self._steps.at()
+        self._log({**(logs or {}), "epoch": epoch}, step)
+        if self._resume is not None and here_is_chief(self.model):
+            self._resume.save(step)  # beside the backup: a resumed job continues this run
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Ask producers to publish what is still pending (an async checkpoint write)
@@ -185,7 +202,11 @@ class WandbLogger(keras.callbacks.Callback):
                 kwargs.update(group=self.group, name=worker_run_name(kwargs["name"], index))
             elif self.group is not None:
                 kwargs["group"] = self.group
+            if self._resume is not None:
+                kwargs.update(id=self._resume.run_id, resume="allow")
             self.run, self._owns_run = wandb.init(**kwargs), True
+            if self._resume is not None and here.is_chief:
+                self._resume.save(self._resume.last_step)
         self._steps = StepCounter(self.params.get("steps"), start=int(self.run.step or 0))
         self._sized = False
         pending, self._pending = self._pending, []
@@ -213,7 +234,7 @@ class WandbLogger(keras.callbacks.Callback):
             return
         batch = payload.get("batch")  # DeviceMetricsLogger: batches done in the epoch
         step = self._steps.at(epoch=payload.get("epoch"), batch=None if batch is None else batch - 1)
-        self.run.log(dict(payload.get("metrics", {})), step=step)
+        self._log(dict(payload.get("metrics", {})), step)
 
     def _on_checkpoint(self, payload: dict[str, Any]) -> None:
         if not self.log_checkpoints or not runtime.of(self.model).is_chief:
@@ -224,6 +245,10 @@ class WandbLogger(keras.callbacks.Callback):
 
 
 # --- what the run records -------------------------------------------------------------
+
+
+def here_is_chief(model: Any) -> bool:
+    return runtime.of(model).is_chief
 
 
 def require_wandb() -> None:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from keras_mgpu_plugins._progress import note_progress
+from keras_mgpu_plugins._step_phases import CLOCK
 
 T = TypeVar("T")
 
@@ -91,7 +92,8 @@ class Runtime:
         if not self.spans_workers:
             return wire[None].astype(array.dtype) if array.dtype != np.bool_ else array[None]
         note_progress()  # a collective entered and left are progress (StallWatchdog)
-        gathered = self._gather(wire)
+        with CLOCK.in_collective():  # a wait for the others, not host work (DeviceMetricsLogger)
+            gathered = self._gather(wire)
         note_progress()
         return gathered.astype(np.bool_) if array.dtype == np.bool_ else gathered.astype(array.dtype)
 

@@ -26,8 +26,16 @@ RUN_FIELDS = ("step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "thro
 
 #: What a worker sends about the run: `RUN_FIELDS`, the rows (samples) its
 #: replicas trained on per batch, which add up to the global batch size, and how
-#: many of its readings failed in the window (their fields read NaN).
-WIRE_RUN_FIELDS = (*RUN_FIELDS, "rows_per_batch", "failed_reads")
+#: many of its readings failed in the window (their fields read NaN); then the batches
+#: it timed, its ms per batch in each phase (`_step_phases`: the mean, then the median
+#: over the window's batches, which the straggler report compares), and what MFU needs: the
+#: FLOPs per row it counted, tokens per row, the rows of the batch the count saw, the
+#: sum of its devices' peak TFLOP/s and how many devices it has (`samplers.efficiency`).
+WIRE_RUN_FIELDS = (*RUN_FIELDS, "rows_per_batch", "failed_reads", "timed_steps",
+                   "phase_input_ms", "phase_host_ms", "phase_compute_ms",
+                   "phase_input_other_ms", "phase_input_p50_ms", "phase_host_p50_ms",
+                   "phase_compute_p50_ms", "phase_input_other_p50_ms", "flops_per_sample",
+                   "tokens_per_sample", "observed_rows", "peak_tflops", "devices")
 
 #: The only keys Keras's progress bar shows (with `progbar="summary"`).
 PROGBAR_KEYS = frozenset(
@@ -36,6 +44,7 @@ PROGBAR_KEYS = frozenset(
         "throughput/samples_per_sec",
         "device/peak_memory_mb_max",
         "device/utilization_pct_mean",
+        "efficiency/mfu_pct",
     }
 )
 
@@ -50,10 +59,13 @@ class StepTimer:
         clock: Monotonic clock, in seconds.
     """
 
-    def __init__(self, capacity: int = 1024, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, capacity: int = 1024, clock: Callable[[], float] = time.perf_counter,
+                 counters: np.ndarray | None = None):
         self.clock = clock
+        self.counters = np.zeros(0) if counters is None else counters  # copied at each mark
         self._t = np.empty(max(2, capacity))
         self._s = np.empty(max(2, capacity), dtype=np.int64)
+        self._c = np.empty((max(2, capacity), len(self.counters)))
         self._n = 0
         self._start = 0
         self._skip = 0
@@ -72,15 +84,17 @@ class StepTimer:
         if n == len(self._t):
             self._t = np.concatenate([self._t, np.empty_like(self._t)])
             self._s = np.concatenate([self._s, np.empty_like(self._s)])
+            self._c = np.concatenate([self._c, np.empty_like(self._c)])
         self._t[n] = self.clock()
         self._s[n] = step
+        self._c[n] = self.counters
         self._n = n + 1
 
     @property
     def last_step(self) -> int | None:
         return int(self._s[self._n - 1]) if self._n else None
 
-    def take(self) -> tuple[np.ndarray, np.ndarray]:
+    def take(self, counters: bool = False) -> tuple[np.ndarray, ...]:
         """The intervals between batch starts since the last `take`; starts a new window.
 
         The latest mark starts the next window, so consecutive windows share no
@@ -89,13 +103,17 @@ class StepTimer:
 
         Returns:
             `(seconds, batches)`: each interval's duration and how many batches
-            it covered (more than 1 with `steps_per_execution`).
+            it covered (more than 1 with `steps_per_execution`); with `counters`, also
+            how much each of `counters` grew over each interval, `(intervals, len(counters))`.
         """
         t, s = self._t[self._start : self._n], self._s[self._start : self._n]
+        c = self._c[self._start : self._n]
         self._start = max(self._n - 1, 0)
         seconds, batches = np.diff(t), np.diff(s)
         drop = min(self._skip, len(seconds))
         self._skip -= drop
+        if counters:
+            return seconds[drop:], batches[drop:], np.diff(c, axis=0)[drop:]
         return seconds[drop:], batches[drop:]
 
 

@@ -107,6 +107,7 @@ def plot_run(
     device_names: Sequence[Sequence[str]],
     epoch_ends: Sequence[float] = (),
     framework: str = "the framework",
+    phases: np.ndarray | None = None,
 ) -> str:
     """Draws memory and utilisation over the run, one line per device, to a PNG.
 
@@ -117,6 +118,8 @@ def plot_run(
         device_names: Each worker's device names.
         epoch_ends: Seconds at which epochs ended, drawn as faint lines.
         framework: Whose allocator the device memory is (`"TensorFlow"`, `"JAX"`, `"torch"`).
+        phases: ms per batch in the input, host and compute phases, `(epochs, workers, 3)`:
+            a row of panels below, one per worker (`report_phases`).
 
     Returns:
         `path`.
@@ -144,8 +147,9 @@ def plot_run(
     ]
     # colour: the device (or the worker, for host lines); line style: the worker
     count = 1 + max((c for p in panels for _, _, _, c in lines[p[0]]), default=0)
-    fig = Figure(figsize=(11, 6.5), layout="constrained")
-    axes = fig.subplots(2, 1, sharex=True)
+    fig = Figure(figsize=(11, 6.5 if phases is None else 9.5), layout="constrained")
+    top = fig if phases is None else fig.subfigures(2, 1, height_ratios=[2.0, 1.0])[0]
+    axes = top.subplots(2, 1, sharex=True)
     cmap = _colors(count)
     styles = ["-", "--", ":", "-."]
     labels = [[label for label, _, _, _ in lines[key]] for key, _, _ in panels]
@@ -169,6 +173,10 @@ def plot_run(
                              xytext=(-3, -3), textcoords="offset points", ha="right", va="top",
                              fontsize=7, color="0.35")
     axes[-1].set_xlabel("time since training started (s); dashed lines: ends of epochs")
+    if phases is not None:
+        from keras_mgpu_plugins.samplers.report_phases import draw_phases
+
+        draw_phases(fig.subfigs[1], phases)
     fig.suptitle("Device metrics over the run", fontsize=13)
     directory = os.path.dirname(os.fspath(path))
     if directory:

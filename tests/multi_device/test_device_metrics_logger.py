@@ -17,8 +17,7 @@ import pytest
 import tensorflow as tf
 
 import keras_mgpu_plugins as kmp
-from keras_mgpu_plugins.callbacks import device_metrics_logger as dml
-from keras_mgpu_plugins.callbacks import events
+from keras_mgpu_plugins.callbacks import _device_metrics_end, events
 from keras_mgpu_plugins.callbacks.device_metrics_logger import DeviceMetricsLogger
 from keras_mgpu_plugins.samplers import ScriptedSampler
 
@@ -27,6 +26,9 @@ STEPS = 4  # per epoch
 RUN_KEYS = {
     "step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms", "throughput/steps_per_sec",
     "throughput/samples_per_sec", "throughput/samples_per_sec_per_replica",
+    # counted FLOPs, MFU against the CPU's measured peak, the step's phases (docs/efficiency.md)
+    "flops/per_step", "throughput/tflops", "throughput/tflops_per_device", "efficiency/mfu_pct",
+    "phase/input_ms", "phase/host_ms", "phase/compute_ms",
 }
 TF_HOST_KEYS = {"host/tf_memory_mb", "host/tf_peak_memory_mb"}
 
@@ -82,7 +84,7 @@ def two_gpus(memory, util):
 
 
 def test_one_device_without_gpu_reports_host_and_run_and_warns_once(monkeypatch, caplog):
-    monkeypatch.setattr(dml, "_warned", set())
+    monkeypatch.setattr(_device_metrics_end, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
         history = fit([DeviceMetricsLogger(batch_size=BATCH, summary=False)])
         fit([DeviceMetricsLogger(batch_size=BATCH, summary=False)], epochs=1)
@@ -108,7 +110,7 @@ def test_real_gpu_sampler_on_faked_gpus_without_nvml_gives_memory_keys_and_one_w
     fake_tf = fake_tensorflow([1, 1], {"GPU:0": (3 << 19, 5 << 20), "GPU:1": (1 << 30, 1 << 31)})
     with fake_gpu_machine(monkeypatch, fake_tf, None):  # TensorFlow with 2 GPUs, no nvidia-ml-py
         samplers = [GPUSampler(), GPUSampler()]
-    monkeypatch.setattr(dml, "_warned", set())
+    monkeypatch.setattr(_device_metrics_end, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="keras_mgpu_plugins"):
         history = fit([DeviceMetricsLogger(sample_interval=None, sampler=samplers[0], summary=False)])
         fit([DeviceMetricsLogger(sample_interval=None, sampler=samplers[1], summary=False)], epochs=1)

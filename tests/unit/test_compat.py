@@ -283,6 +283,37 @@ def test_use_train_function(capsys):
     assert "train_function" not in vars(model) or model.train_function is not None
 
 
+def test_use_train_function_watched():
+    """Every step is timed, the first counted once, the weights are Keras's own, and the
+    train function is Keras's again after the fit."""
+    from keras_mgpu_plugins import _step_phases
+
+    model, x, y = tiny_model(rows=12)
+    watches, steps = [], []
+
+    class Watching(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            watches.append(compat.watch_steps(self.model))
+
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append(float(_step_phases.CLOCK.totals[_step_phases.STEP]))
+
+        def on_train_end(self, logs=None):
+            watches[-1].undo()
+
+    kept = model.train_function
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Watching()])
+    assert len(steps) == 6 and all(b > a for a, b in zip(steps, steps[1:], strict=False))
+    count = watches[0].count
+    assert count.reason is None and count.flops_per_sample > 0 and count.rows == 4
+    assert vars(model).get("train_function") is not watches[0].watched
+    assert kept is None or model.train_function is kept
+    reference, _, _ = tiny_model(rows=12)
+    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_use_print_msg(capsys, monkeypatch):
     compat.keras_print_msg("saved it")
     assert capsys.readouterr().out == "saved it\n"
@@ -824,7 +855,8 @@ def test_every_private_name_kmp_touches_is_registered_with_its_history():
     wrapped = {w.split(".", 1)[0] for p in compat.PATCHES for w in p.wraps}
     described = {w for w in wrapped if "multi_gpu_model's" in w}  # per-instance, described
     assert {w for w in wrapped - described if " " in w} <= set(_names.BY_KEY)
-    used = keys_in_code() | (wrapped & set(_names.BY_KEY)) | set(_checks.PATCH_INTERNALS)
+    used = (keys_in_code() | (wrapped & set(_names.BY_KEY)) | set(_checks.PATCH_INTERNALS)
+            | set(_checks.TRAINER_MODULES))
     assert used - set(_names.BY_KEY) == set()
     assert set(_names.BY_KEY) - used == set()
     for name in _names.NAMES:

@@ -193,7 +193,11 @@ def test_key_schema_is_frozen_at_the_first_record():
 
 
 def test_progbar_keys_are_the_aggregates():
-    metrics = rec.flatten([record([1.0] * 8, [50.0] * 8)], batch_size=8)
+    from keras_mgpu_plugins.samplers import efficiency
+
+    workers = [record([1.0] * 8, [50.0] * 8)]
+    metrics = rec.flatten(workers, batch_size=8)
+    metrics.update(efficiency.keys([w.run for w in workers], 8, None, (1.0, 1.0)))
     shown = [k for k in metrics if k in rec.PROGBAR_KEYS]
     assert sorted(shown) == sorted(rec.PROGBAR_KEYS)
     assert len(metrics) > 40  # 8 devices x 5 fields, host and run keys

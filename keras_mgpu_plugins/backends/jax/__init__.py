@@ -172,3 +172,33 @@ def row_span(rows: Any) -> None:
     """`None`: a random layer already draws over the global batch on JAX (its arrays
     are global: `kmp.parallelize(random_layers="one_device")` changes nothing here)."""
     return None
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step (`original(*args)`, Keras's train function) and counts its forward
+    and backward FLOPs (`_flop_count.FlopCount`): see `backends/jax/flops.py`."""
+    from keras_mgpu_plugins.backends.jax.flops import run_and_count
+
+    return run_and_count(model, original, args)
+
+
+def compute_devices() -> list[str]:
+    """What each device of this process is, for its peak FLOP/s (`samplers.peaks`)."""
+    from keras_mgpu_plugins.backends.jax.flops import compute_devices as kinds
+
+    return kinds()
+
+
+def float32_on_tensor_cores() -> bool:
+    """Whether float32 matmuls may run on TF32 tensor cores here (their peak for MFU)."""
+    from keras_mgpu_plugins.backends.jax.flops import float32_on_tensor_cores as tf32
+
+    return tf32()
+
+
+def step_pacer() -> Any:
+    """What keeps one train step in flight (`backends/jax/pacing.py`): JAX dispatches
+    asynchronously, so without it the time between steps is the host's, not the devices'."""
+    from keras_mgpu_plugins.backends.jax.pacing import OneInFlight
+
+    return OneInFlight()

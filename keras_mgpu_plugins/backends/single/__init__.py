@@ -172,3 +172,24 @@ def set_random_state(state: object) -> None:
 def row_span(rows: Any) -> None:
     """`None`: one device: a random layer draws for the whole batch."""
     return None
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step; no FLOP counter on this backend (`FlopCount.absent`)."""
+    from keras_mgpu_plugins._flop_count import FlopCount
+
+    return original(*args), FlopCount.absent(f"kmp counts no FLOPs on the {_backend()!r} "
+                                              "backend (TensorFlow, JAX and torch only)")
+
+
+def compute_devices() -> list[str]:
+    return ["cpu"]
+
+
+def float32_on_tensor_cores() -> bool:
+    return False
+
+
+def step_pacer() -> None:
+    """`None`: no backend of kmp's: the steps are timed as Keras runs them."""
+    return None

@@ -145,3 +145,31 @@ def row_span(rows: Any) -> Any:
     sizes = context.all_gather(tf.reshape(tf.cast(rows, tf.int32), [1]), axis=0)
     index = context.replica_id_in_sync_group
     return tf.reduce_sum(sizes[:index]), tf.reduce_sum(sizes)
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step (`original(*args)`, Keras's train function) and counts its forward
+    and backward FLOPs (`_flop_count.FlopCount`): see `backends/tensorflow/flops.py`."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import run_and_count
+
+    return run_and_count(model, original, args)
+
+
+def compute_devices() -> list[str]:
+    """What each device of this process is, for its peak FLOP/s (`samplers.peaks`)."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import compute_devices as kinds
+
+    return kinds()
+
+
+def float32_on_tensor_cores() -> bool:
+    """Whether float32 matmuls may run on TF32 tensor cores here (their peak for MFU)."""
+    from keras_mgpu_plugins.backends.tensorflow.flops import float32_on_tensor_cores as tf32
+
+    return tf32()
+
+
+def step_pacer() -> None:
+    """`None`: a step of Keras's train function returns when TensorFlow has run it (its host
+    executor), the time between steps is the step's own."""
+    return None

@@ -159,3 +159,31 @@ def row_span(rows: Any) -> Any:
         return None
     sizes = collectives.gather_numpy(np.array([int(rows)], np.int64)).reshape(-1)
     return int(sizes[:rank].sum()), int(sizes.sum())
+
+
+def count_step_flops(model: Any, original: Any, args: tuple) -> Any:
+    """Runs one train step (`original(*args)`, Keras's train function) and counts its forward
+    and backward FLOPs (`_flop_count.FlopCount`): see `backends/torch/flops.py`."""
+    from keras_mgpu_plugins.backends.torch.flops import run_and_count
+
+    return run_and_count(model, original, args)
+
+
+def compute_devices() -> list[str]:
+    """What each device of this process is, for its peak FLOP/s (`samplers.peaks`)."""
+    from keras_mgpu_plugins.backends.torch.flops import compute_devices as kinds
+
+    return kinds()
+
+
+def float32_on_tensor_cores() -> bool:
+    """Whether float32 matmuls may run on TF32 tensor cores here (their peak for MFU)."""
+    from keras_mgpu_plugins.backends.torch.flops import float32_on_tensor_cores as tf32
+
+    return tf32()
+
+
+def step_pacer() -> None:
+    """`None`: Keras's torch step runs eagerly on the host; on a GPU the CUDA queue bounds how far
+    it runs ahead, so the mean over an epoch of many steps is the devices' pace."""
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_mgpu_plugins._step_phases import CLOCK
 from keras_mgpu_plugins.compat._checks import source_has
 from keras_mgpu_plugins.compat._names import resolve
 
@@ -75,7 +76,9 @@ def patch_numpy_function_owned_outputs() -> Any:
     `from_generator`) returns is now copied before TensorFlow takes it: the
     copy belongs to TensorFlow alone, so a write into it harms nobody. The
     values do not change; the cost is one copy per batch, as for an array
-    that is not aligned.
+    that is not aligned. Each call is also timed as input read on `tf.data`'s thread
+    (`_step_phases.CLOCK`: `DeviceMetricsLogger`'s input phase; nothing is kept while no
+    logger watches a `fit`).
     """
     import numpy as np
 
@@ -88,7 +91,8 @@ def patch_numpy_function_owned_outputs() -> Any:
         return value
 
     def __call__(self, token, device, args):
-        ret = original(self, token, device, args)
+        with CLOCK.reading_input():  # a generator's batch: DeviceMetricsLogger's input
+            ret = original(self, token, device, args)
         return [owned(v) for v in ret] if isinstance(ret, list) else owned(ret)
 
     registry.__call__ = __call__
