@@ -27,6 +27,11 @@ framework only when one is called:
   cluster runs TensorFlow's server and never returns;
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
   torch process group it started itself), else `None` (`kmp.topology()` asks it).
+- `rng_state()` / `set_rng_state(state)`: the state (bytes) of the framework's global
+  random generators where Keras draws from them (torch: an unseeded Dropout, the shuffle of
+  one process), else `None` (`kmp.callbacks.BackupAndRestore` backs it up);
+- `drop_fed(model, count)`: `count` batches kmp fed were drawn and not trained (a resumed
+  epoch's first): what kmp kept for their steps is dropped (torch's `StepInfo`s).
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ count too). The backup's metadata (`BackupState.training`, JSON) adds:
 - `data_order`: the state of kmp's own shuffled feeding at that epoch's start
   (`_data_order`: several processes, JAX or torch), so the resumed epochs see the rows in the
   order of the uninterrupted run whatever seed the new `fit` drew;
+- `framework_rng` (torch): every worker's state of torch's global random generators, at the
+  epoch's start and at the backup's step (`backends.torch.resume`): an unseeded Dropout draws
+  its masks from them, Keras's shuffle of arrays in one process its order;
 - `structure`: the model's weights (path, shape) and its optimizer (class, variables):
   a backup of another model or optimizer is refused with `BackupMismatchError` before
   Keras would load part of it (Keras skips an optimizer of another kind with a warning);
@@ -26,11 +29,12 @@ an order (interrupted or not).
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import _data_order
+from keras_mgpu_plugins import _backend, _data_order
 from keras_mgpu_plugins.io.backup_state import BackupMismatchError, way_out
 
 
@@ -88,6 +92,65 @@ def set_data_order(state: dict | None) -> None:
     order = _data_order.current()
     if state is not None and order is not None:
         order.restore(state)
+
+
+def epoch_start() -> dict[str, Any]:
+    """What a backup within the epoch about to start resumes with, taken before its draws:
+    NumPy's random state, kmp's data order, this process's framework generators' state."""
+    return {"numpy_rng": numpy_rng(), "data_order": data_order(), "framework_rng": framework_rng()}
+
+
+def backup_extras(model: Any, here: Any, start: dict[str, Any], steps: Any) -> dict[str, Any]:
+    """`BackupState.training` of a backup taken now (`start`: `epoch_start()` of its epoch).
+    Where the framework has global generators, every worker's state (two all-gathers)."""
+    extras = {"numpy_rng": start.get("numpy_rng"), "data_order": start.get("data_order"),
+              "seed_generators": seed_generators(model), "structure": structure(model),
+              "world": world(here.replicas_in_sync, here.num_workers, steps)}
+    now = framework_rng()
+    if now is not None:
+        mine = f"{start.get('framework_rng') or ''} {now}"
+        every = here.gather_texts(mine) if here.spans_workers else [mine]
+        extras["framework_rng"] = {"epoch_start": [text.split(" ")[0] for text in every],
+                                   "now": [text.split(" ")[1] for text in every]}
+    return extras
+
+
+def framework_rng() -> str | None:
+    """This process's state of the framework's global random generators (base64), where Keras
+    draws from them (torch); `None` where it draws from none (TensorFlow, JAX)."""
+    state = _backend.active().rng_state()
+    return None if state is None else base64.b64encode(state).decode()
+
+
+def set_framework_rng(saved: dict | None, when: str, here: Any) -> None:
+    """Gives this worker's framework generators their state `when` ("epoch_start", "now")
+    of `saved` (`backup_extras`): where the backup's workers are these (elastic: left)."""
+    states = (saved or {}).get(when) or []
+    if len(states) == here.num_workers and states[here.worker_index]:
+        _backend.active().set_rng_state(base64.b64decode(states[here.worker_index]))
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """`count` batches were drawn for a resumed epoch and not trained: the backend forgets
+    what it kept for their steps (torch: `backends.torch.resume.drop_fed`)."""
+    _backend.active().drop_fed(model, count)
+
+
+def check_steps_per_execution(batches_done: int, model: Any, backup_dir: str) -> None:
+    """Raises where the resumed `fit` cannot start its epoch at the backup's batch: its
+    `steps_per_execution` does not divide the batches the backup had trained.
+
+    Raises:
+        BackupMismatchError: Naming both and what to do.
+    """
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    if batches_done % per_call:
+        raise BackupMismatchError(
+            f"The backup in backup_dir={backup_dir!r} was taken after {batches_done} batches "
+            f"of its epoch; this model's steps_per_execution={per_call} runs {per_call} "
+            f"batches per step, so its epoch cannot go on at batch {batches_done}: compile "
+            "with the steps_per_execution of the run that wrote it (or one that divides "
+            f"{batches_done}). " + _way_out(backup_dir))
 
 
 def structure(model: Any) -> dict[str, Any]:

@@ -141,7 +141,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         self._prev_weights_path = f"{self._weights_path}.bkp"
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
-        self._batches_done = self._skip_until = 0  # of the running epoch; skipped on resume
+        self._batches_done = 0  # of the running epoch
         self._due_at_end = False  # a periodic backup due at an epoch's last batch
         self._check_split = False  # resumed on another number of replicas: check the split
         self._epoch_start: dict = {}  # random and data-order states at the epoch's start
@@ -175,14 +175,12 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch, self._batches_done = epoch, 0
         # before the epoch's shuffle draws: what a backup within this epoch resumes with
-        self._epoch_start = {"numpy_rng": training.numpy_rng(),
-                             "data_order": training.data_order()}
+        self._epoch_start = training.epoch_start()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
-        self._last_batch_seen = self._batches_done = self._skip_until = 0
-        self._epoch_start = {"numpy_rng": training.numpy_rng(),  # the next epoch's start
-                             "data_order": training.data_order()}
+        self._last_batch_seen = self._batches_done = 0
+        self._epoch_start = training.epoch_start()  # the next epoch's start
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
             self._saves.check(runtime.of(self.model), wait=since is not None and since < epoch)
@@ -193,9 +191,6 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batches_done = batch + 1
-        if batch < self._skip_until:  # a batch the backup had trained, drawn and skipped
-            self._last_batch_seen = batch
-            return
         if self._check_split:  # the first step on another number of replicas
             self._check_split = False
             training.check_split(compat.loss_tracker_rows(self.model), runtime.of(self.model),
@@ -264,10 +259,8 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         here = runtime.of(self.model)
         if self.async_save:  # at most one write in flight; its error first, everywhere
             self._saves.check(here, wait=True)
-        extras = {**self._epoch_start, "seed_generators": training.seed_generators(self.model),
-                  "structure": training.structure(self.model),
-                  "world": training.world(here.replicas_in_sync, here.num_workers,
-                                          self.params.get("steps"))}
+        extras = training.backup_extras(self.model, here, self._epoch_start,
+                                        self.params.get("steps"))
         state = BackupState(self._current_epoch, max(self._batches_done - 1, 0), "",
                             self._batches_done, extras)
         self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),

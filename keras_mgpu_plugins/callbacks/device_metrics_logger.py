@@ -41,7 +41,7 @@ import numpy as np
 
 from keras_mgpu_plugins import compat, runtime
 from keras_mgpu_plugins.callbacks import _device_metrics_end as _end
-from keras_mgpu_plugins.callbacks import _freq, events
+from keras_mgpu_plugins.callbacks import _freq, _resumed_files, events
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import records as rec
 from keras_mgpu_plugins.samplers.reader import Reader
@@ -282,7 +282,8 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _open_sinks(self) -> None:
         if self._chief:
-            self._sinks = RecordSinks(self.csv_path, self.log_dir)
+            self._sinks = RecordSinks(self.csv_path, self.log_dir, lambda: _resumed_files.point(
+                self.model, self.params))  # a fit BackupAndRestore resumed: appended to
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]

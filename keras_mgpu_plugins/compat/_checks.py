@@ -145,39 +145,6 @@ def check_initial_epoch() -> list[str]:
     return []
 
 
-#: How each backend's `fit` calls its train function (`compat.skip_train_steps` mimics it).
-TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
-                        "jax": "self.train_function(state, iterator)"}
-
-
-def check_train_function() -> list[str]:
-    """`fit` makes its train function before `on_train_begin`, then calls it as known."""
-    import inspect
-
-    import keras
-
-    backend = keras.backend.backend()
-    call = TRAIN_FUNCTION_CALLS.get(backend)
-    if call is None:
-        return [f"the {backend} backend's fit is not known"]
-    problems = _names.missing(f"{backend} trainer module")
-    if problems:
-        return problems
-    trainer = _names.resolve(f"{backend} trainer module")
-    fit = next((c.fit for c in vars(trainer).values()
-                if inspect.isclass(c) and "fit" in vars(c)), None)
-    try:
-        source = inspect.getsource(fit) if fit is not None else ""
-    except (OSError, TypeError):
-        return [f"the source of the {backend} trainer's fit cannot be read"]
-    made, begun = (source.index(text) if text in source else -1
-                   for text in ("self.make_train_function()", "on_train_begin("))
-    problems = [] if call in source else [f"fit no longer calls {call}"]
-    if made < 0 or begun < 0 or made > begun:
-        problems.append("fit no longer makes its train function before on_train_begin")
-    return problems
-
-
 def check_print_msg() -> list[str]:
     problems = check_names("io_utils", ("print_msg",))
     return problems or ([] if params(_names.resolve("io_utils").print_msg)[:1] == ("message",)

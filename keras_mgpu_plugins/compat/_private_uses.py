@@ -164,12 +164,16 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("initial_epoch", "Model._initial_epoch (read by fit after on_train_begin)",
                "kmp.callbacks.BackupAndRestore (restoring the epoch)", "3.1.0", _MAX,
                checks.check_initial_epoch, "Use a Keras version in that range."),
-    PrivateUse("train_function", "Trainer.train_function (made before on_train_begin; called "
-               "as train_function(iterator) on TensorFlow, train_function(state, iterator) on "
-               "JAX, each call one step of steps_per_execution batches)",
+    PrivateUse("fit_epoch_iterator", "fit's local epoch_iterator (made before on_train_begin, "
+               "looped over after it: read from the running fit's frame) and "
+               "EpochIterator._enumerate_iterator (the generator of its steps, each with the "
+               "iterator of the epoch's batches; TensorFlow, JAX and torch alike)",
                "kmp.callbacks.BackupAndRestore (resuming mid-epoch: the batches trained before "
-               "the backup are drawn and skipped)", "3.1.0", _MAX, checks.check_train_function,
-               "Use a Keras version in that range."),
+               "the backup are drawn and dropped before any callback sees them)", "3.10.0",
+               _MAX, lambda: _lazy_check("keras_mgpu_plugins.compat._trainer",
+                                         "check_fit_epoch_iterator"),
+               "Use a Keras version in that range, or save_freq='epoch' (a backup at an "
+               "epoch's end resumes at the next epoch's start)."),
     PrivateUse("print_msg", "io_utils.print_msg", "kmp.callbacks.ModelCheckpoint messages",
                "3.0.0", _MAX, checks.check_print_msg,
                "Messages go through print or logging instead (keras_print_msg).", fallback=True),

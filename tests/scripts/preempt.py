@@ -12,7 +12,11 @@ job's first run (`KMP_RESTART` unset or 0: a restart by `--max-restarts` trains 
 `--mark-at E:B`: the chief writes OUT.mark after batch B of epoch E (a test then
 signals the launcher). `--no-backup`: no BackupAndRestore. `--no-stop-signals`:
 `stop_signals=None`. `--progress`: each worker writes OUT.progress-W ("epoch batch") at
-each batch end (`benchmarks/preemption.py`). Any backend.
+each batch end (`benchmarks/preemption.py`). `--dropout-seed none`: an unseeded Dropout
+(on torch it draws from torch's global generator). `--spe N`: `steps_per_execution=N`.
+`--hooks`: the chief records, in OUT.json's "hooks", every batch hook its callbacks saw:
+`[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv`: Keras's `CSVLogger(OUT.csv)`.
+OUT.json's "loss" is the last epoch's loss. Any backend.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ parser.add_argument("--no-backup", action="store_true")
 parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep per batch")
 parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--dropout", type=float, default=0.25)
+parser.add_argument("--dropout-seed", default="3")
+parser.add_argument("--spe", type=int, default=1)
+parser.add_argument("--hooks", action="store_true")
+parser.add_argument("--csv", action="store_true")
 parser.add_argument("--no-shuffle", action="store_true")
 parser.add_argument("--no-stop-signals", action="store_true")
 parser.add_argument("--progress", action="store_true",
@@ -49,6 +57,7 @@ parser.add_argument("--progress", action="store_true",
 args = parser.parse_args()
 
 keras.utils.set_random_seed(7)
+dropout_seed = None if args.dropout_seed == "none" else int(args.dropout_seed)
 
 
 @kmp.parallelize
@@ -57,10 +66,11 @@ def build():
         keras.Input((6,)),
         keras.layers.Dense(16, activation="relu",
                            kernel_initializer=keras.initializers.GlorotUniform(1)),
-        keras.layers.Dropout(args.dropout, seed=3),
+        keras.layers.Dropout(args.dropout, seed=dropout_seed),
         keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2)),
     ])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                  steps_per_execution=args.spe)
     return model
 
 
@@ -81,7 +91,11 @@ mark_at = point(args.mark_at)
 
 class Events(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
-        self.epochs, self.batches = [], 0
+        self.epochs, self.batches, self.hooks = [], 0, []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if args.hooks:
+            self.hooks.append([self.epoch, "begin", batch, sorted(logs or {})])
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epochs.append(epoch)
@@ -89,6 +103,8 @@ class Events(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
+        if args.hooks:
+            self.hooks.append([self.epoch, "end", batch, sorted(logs or {})])
         if args.slow:
             time.sleep(args.slow)
         if signal_at and (self.epoch, batch, worker) == signal_at:
@@ -121,7 +137,9 @@ backup = BackupAndRestore(args.backup_dir, save_freq=save_freq,
 callbacks = [events] if args.no_backup else [backup, events]
 if args.progress:
     callbacks.insert(0, Progress())
-model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
+if args.csv:  # first: its on_train_begin runs before BackupAndRestore restores
+    callbacks.insert(0, keras.callbacks.CSVLogger(args.out + ".csv"))
+history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
           verbose=0,
           callbacks=callbacks)
 seconds = time.perf_counter() - began
@@ -129,4 +147,5 @@ weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 if worker == 0:
     np.save(args.out + ".npy", weights)
     with open(args.out + ".json", "w") as f:
-        json.dump({"epochs": events.epochs, "batches": events.batches, "fit_s": seconds}, f)
+        json.dump({"epochs": events.epochs, "batches": events.batches, "fit_s": seconds,
+                   "loss": float(history.history["loss"][-1]), "hooks": events.hooks}, f)

@@ -109,3 +109,17 @@ def joined() -> None:
     """The job this process joined by the script's own means, `(rank, count)` (torch's process
     group only: on this backend the environment and the strategy say it, `None`)."""
     return None
+
+
+def rng_state() -> None:
+    """Keras on this backend draws from no global generator of its framework (its seed
+    generators are the model's variables): nothing beyond them to back up."""
+    return None
+
+
+def set_rng_state(state: bytes) -> None:
+    """Nothing to restore (`rng_state`)."""
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """kmp keeps nothing per batch it feeds on this backend."""

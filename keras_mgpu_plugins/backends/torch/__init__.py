@@ -121,3 +121,23 @@ def joined() -> tuple[int, int] | None:
 
     index, count = collectives.world()
     return (index, count) if count > 1 else None
+
+
+def rng_state() -> bytes:
+    """This process's state of torch's global random generators (`backends.torch.resume`)."""
+    from keras_mgpu_plugins.backends.torch import resume
+
+    return resume.rng_state()
+
+
+def set_rng_state(state: bytes) -> None:
+    from keras_mgpu_plugins.backends.torch import resume
+
+    resume.set_rng_state(state)
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """`count` batches kmp fed `model` were drawn and not trained (a resumed epoch's first)."""
+    from keras_mgpu_plugins.backends.torch import resume
+
+    resume.drop_fed(model, count)
