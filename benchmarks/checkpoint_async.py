@@ -11,7 +11,8 @@ wait for the previous write), and `on_train_end` for the last one. Prints the
 median blocked time per save of each mode and their ratio, measured in this
 one run.
 
-    python benchmarks/checkpoint_async.py [--epochs 4] [--repeats 2] [--weights-only] [--backup]
+    python benchmarks/checkpoint_async.py [--quick] [--epochs 4] [--repeats 2] [--weights-only]
+        [--backup] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import os
 import statistics
 import tempfile
 import time
+
+from _suite import Report, add_arguments
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -57,15 +60,18 @@ def timed_checkpoint(base: type, **kwargs):
     return Timed()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, rounds=None)
     parser.add_argument("--epochs", type=int, default=4, help="saves per fit")
     parser.add_argument("--repeats", type=int, default=2, help="fits per mode")
     parser.add_argument("--steps", type=int, default=16, help="training steps per epoch")
     parser.add_argument("--width", type=int, default=4096, help="hidden units")
     parser.add_argument("--weights-only", action="store_true", help="save .weights.h5")
     parser.add_argument("--backup", action="store_true", help="time BackupAndRestore instead")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs, args.repeats, args.steps, args.width = 2, 1, 2, 64
 
     import keras
     import numpy as np
@@ -128,7 +134,16 @@ def main() -> None:
     print(f"saves per mode: {len(blocked[False])} ({args.repeats} fits x {args.epochs} epochs)")
     print(f"training blocked per save, sync  (median): {sync * 1e3:8.1f} ms")
     print(f"training blocked per save, async (median): {asyn * 1e3:8.1f} ms")
-    print(f"ratio sync / async: {sync / asyn:.1f}x")
+    report = Report("checkpoint_async", f"{what}: training blocked per save, async_save=True "
+                    "against synchronous saves", args.quick)
+    report.ratio("async", f"{what}: time blocked per save, synchronous / async_save=True",
+                 sync / asyn, None, [],
+                 f"{'.weights.h5' if args.weights_only or args.backup else '.keras'} file of "
+                 f"{file_mb:.1f} MB, median of {len(blocked[False])} saves per mode "
+                 f"({args.repeats} fits x {args.epochs} epochs each, alternating)")
+    report.row("synchronous save, training blocked", sync * 1e3, "ms")
+    report.row("async_save=True, training blocked", asyn * 1e3, "ms")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ share, each measured on its own: the per-batch hook, one sampler reading
 (taken off the training thread, once per `sample_interval`) and one epoch-end
 record (once per epoch).
 
-    python benchmarks/device_metrics_overhead.py [--steps 200] [--repeats 7] [--units 512]
+    python benchmarks/device_metrics_overhead.py [--quick] [--steps 200] [--repeats 7] [--units 512]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import io
 import os
 import statistics
 import time
+
+from _suite import CALLBACK, Report, add_arguments, median_ratio
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -46,13 +49,16 @@ def build(units: int, features: int):
     return model
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, rounds=None)
     parser.add_argument("--steps", type=int, default=100, help="batches per fit")
     parser.add_argument("--repeats", type=int, default=15, help="fits per setup")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--units", type=int, default=512)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats, args.batch, args.units = 8, 3, 32, 32
 
     import keras
     import numpy as np
@@ -115,7 +121,7 @@ def main() -> None:
             _timed(lambda: [logger.on_train_batch_begin(i) for i in range(calls)]) / calls
             for _ in range(5)
         )
-        reads = [_timed(logger._read) for _ in range(51)]
+        reads = [_timed(logger._reader.read) for _ in range(51)]
         ends = []
         for epoch in range(1, 22):
             logger.on_epoch_begin(epoch)
@@ -136,6 +142,17 @@ def main() -> None:
     dispatch = keras.callbacks.CallbackList([logger], model=model)
     print(f"  async dispatch of batch-end hooks with the logger: {dispatch._async_train} "
           f"(without any callback: {keras.callbacks.CallbackList([], model=model)._async_train})")
+    report = Report("device_metrics_overhead", "DeviceMetricsLogger at its defaults against a "
+                    "plain fit, one device", args.quick)
+    ratio, ratios = median_ratio(wall["none"], wall["logger"])
+    report.ratio("logger", f"fit with DeviceMetricsLogger() / plain fit, speed per step "
+                 f"({keras.backend.backend()})", ratio, CALLBACK, ratios,
+                 f"one device, Dense {args.units}x2, batch {args.batch}, {args.steps}-step fits, "
+                 f"{args.repeats} fits per setup in rotating order; the parts: per-batch hook "
+                 f"{1e6 * per_batch:.2f} us, epoch-end record {1e3 * epoch_end:.2f} ms")
+    for name in names:
+        report.row(f"{name}, wall time a step", 1e3 * statistics.median(wall[name]), "ms")
+    return report.finish(args.json)
 
 
 def _timed(fn) -> float:

@@ -17,6 +17,7 @@ The default stall timeout of `kmp-launch` / `kmp.launch` was chosen from these
 numbers (docs/launch.md, "Stalls").
 
     python benchmarks/first_step.py examples/quickstart.py --quick
+    python benchmarks/first_step.py [--quick] [--json PATH]   # the quickstart, in the suite
     KERAS_BACKEND=jax python benchmarks/first_step.py examples/quickstart.py --quick
     kmp-launch -n 2 --all-output benchmarks/first_step.py examples/mnist_cnn.py --quick
 """
@@ -32,6 +33,10 @@ import sys
 import time
 
 from keras_mgpu_plugins._after_import import when_imported
+
+QUICKSTART = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                          "quickstart.py")
+RECORDS: list[dict] = []  # one per fit of this process
 
 
 def _timing_callback(keras, fits: list[int]):
@@ -76,7 +81,7 @@ def _timing_callback(keras, fits: list[int]):
             gaps = [(b[0] - a[0], f"{a[1]} -> {b[1]}")
                     for a, b in zip(self.events, self.events[1:], strict=False)]
             longest = max(gaps, default=(0.0, ""))
-            print("first_step " + json.dumps({
+            RECORDS.append({
                 "script": os.path.basename(sys.argv[0]),
                 "backend": keras.backend.backend(),
                 "worker": int(os.environ.get("KMP_WORKER_INDEX", 0)),
@@ -84,7 +89,8 @@ def _timing_callback(keras, fits: list[int]):
                 "fit": self.fit,
                 "first_step_s": round(self.first_step, 2) if self.first_step else None,
                 "first_eval_step_s": round(self.first_eval, 2) if self.first_eval else None,
-                "longest_gap_s": round(longest[0], 2), "between": longest[1]}), flush=True)
+                "longest_gap_s": round(longest[0], 2), "between": longest[1]})
+            print("first_step " + json.dumps(RECORDS[-1]), flush=True)
 
     return FirstStep
 
@@ -103,13 +109,43 @@ def _add_to_every_fit(keras) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    options, rest = _options(sys.argv[1:])
+    if options is None:
         print(__doc__)
-        sys.exit(0 if len(sys.argv) > 1 else 2)
-    script, sys.argv[:] = sys.argv[1], sys.argv[1:]
+        sys.exit(0 if rest else 2)
+    if not rest:  # the suite's run (benchmarks/run.py): the quickstart
+        rest = [QUICKSTART, *(["--quick"] if options["quick"] else [])]
+    script, sys.argv[:] = rest[0], rest
     when_imported("keras", _add_to_every_fit)  # not before the script imports Keras
+    here = sys.path[0]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
+    sys.path.insert(0, here)
+    from _suite import Report
+
+    report = Report("first_step", f"How long {os.path.basename(script)}'s fits go without "
+                    "progress (this process's fits)", options["quick"])
+    for r in RECORDS:
+        report.row(f"fit {r['fit']}: first step", r["first_step_s"], "s",
+                   f"first evaluation step {r['first_eval_step_s']} s; longest gap "
+                   f"{r['longest_gap_s']} s ({r['between']})")
+    report.finish(options["json"])
+
+
+def _options(argv: list[str]) -> tuple[dict | None, list[str]]:
+    """This script's own options (before the script's path), and the rest."""
+    options: dict = {"quick": False, "json": None}
+    while argv and argv[0].startswith("-"):
+        if argv[0] in ("-h", "--help"):
+            return None, argv
+        if argv[0] == "--quick":
+            options["quick"] = True
+        elif argv[0] == "--json" and len(argv) > 1:
+            options["json"], argv = argv[1], argv[1:]
+        else:
+            return None, []
+        argv = argv[1:]
+    return options, argv
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ each round gives a ratio, and the median ratio is reported with every round's, f
 `--steps-per-execution` (default 16 and 1).
 
     python benchmarks/jax_vs_keras.py [--quick] [--rounds 5] [--repeats 3] [--steps 160]
-        [--steps-per-execution 16 1] [--only devices processes backends]
+        [--steps-per-execution 16 1] [--only devices processes backends] [--json PATH]
+
+Each job trains one model per `steps_per_execution`, in turn.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import statistics
 import time
 
+from _suite import PLAIN, Report, add_arguments, median_ratio
 from workers_vs_loop import BATCH, FEATURES, _data, _layers  # the same MLP and data
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -54,8 +57,8 @@ def _model(width: int, steps_per_execution: int):
 
 
 def _timed(model, x, y, batch: int, global_samples: int, repeats: int,
-           read_loss: bool = False) -> list[float]:
-    """Global samples/s of `repeats` fits, after one warm-up fit.
+           read_loss: bool = False) -> float:
+    """Global samples/s of `repeats` fits (their median), after one warm-up fit.
 
     With `read_loss`, a callback reads the loss after every execution (as a progress
     bar does), which waits for it: on one process of 2 simulated CPU devices on 2 cores,
@@ -75,41 +78,26 @@ def _timed(model, x, y, batch: int, global_samples: int, repeats: int,
         start = time.perf_counter()
         model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         rates.append(global_samples / (time.perf_counter() - start))
-    return rates
+    return statistics.median(rates)
 
 
-def _result(rates: list[float], devices: int) -> dict:
-    import keras_mgpu_plugins as kmp
-
-    return {"samples_per_sec": statistics.median(rates), "devices": devices,
-            "worker": kmp.topology().worker_index}
-
-
-def kmp_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int,
+def kmp_job(steps: int, repeats: int, batch: int, width: int, executions: list[int],
             simulate: int = 0) -> dict:
-    """kmp's side (either backend): `@kmp.parallelize` and `fit` on the global arrays."""
+    """kmp's side (either backend): `@kmp.parallelize` and `fit` on the global arrays, a
+    model per `steps_per_execution` of `executions`."""
     import keras_mgpu_plugins as kmp
 
     if simulate:
         kmp.simulate_devices(simulate)
-
-    @kmp.parallelize  # JAX: joins jax.distributed; TensorFlow: the multi-worker strategy
-    def build():
-        return _model(width, steps_per_execution)
-
-    model = build()
     x, y = _data(batch, steps)
-    rates = _timed(model, x, y, batch, batch * steps, repeats, read_loss=bool(simulate))
-    import keras
-
-    if keras.backend.backend() == "jax":
-        devices = int(keras.distribution.distribution().device_mesh.devices.size)
-    else:
-        devices = int(model.distribute_strategy.num_replicas_in_sync)
-    return _result(rates, devices)
+    rates = {}
+    for n in executions:
+        model = kmp.parallelize(_model)(width, n)  # JAX: joins jax.distributed; TF: MWMS
+        rates[n] = _timed(model, x, y, batch, batch * steps, repeats, read_loss=bool(simulate))
+    return _result(rates, int(kmp.runtime.of(model).replicas_in_sync))
 
 
-def plain_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int,
+def plain_job(steps: int, repeats: int, batch: int, width: int, executions: list[int],
               simulate: int = 0) -> dict:
     """Plain Keras-JAX's side: `keras.distribution.DataParallel` set up by hand."""
     import jax
@@ -127,14 +115,20 @@ def plain_job(steps: int, repeats: int, batch: int, width: int, steps_per_execut
     distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices(),
                                                    auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
-    model = _model(width, steps_per_execution)
     x, y = _data(batch, steps)
     processes, index = jax.process_count(), jax.process_index()
     share = batch // processes  # this process's rows of every global batch, cut by hand
     x = x.reshape(steps, processes, share, FEATURES)[:, index].reshape(-1, FEATURES)
     y = y.reshape(steps, processes, share)[:, index].reshape(-1)
-    rates = _timed(model, x, y, share, batch * steps, repeats, read_loss=bool(simulate))
+    rates = {n: _timed(_model(width, n), x, y, share, batch * steps, repeats,
+                       read_loss=bool(simulate)) for n in executions}
     return _result(rates, int(distribution.device_mesh.devices.size))
+
+
+def _result(rates: dict, devices: int) -> dict:
+    import keras_mgpu_plugins as kmp
+
+    return {"rates": rates, "devices": devices, "worker": kmp.topology().worker_index}
 
 
 #: The sides of each comparison: (name, job, workers, KERAS_BACKEND, simulated devices).
@@ -142,6 +136,13 @@ SETUPS = {
     "devices": (("kmp", kmp_job, 1, "jax", 2), ("plain", plain_job, 1, "jax", 2)),
     "processes": (("kmp", kmp_job, 2, "jax", 0), ("plain", plain_job, 2, "jax", 0)),
     "backends": (("jax", kmp_job, 2, "jax", 0), ("tensorflow", kmp_job, 2, "tensorflow", 0)),
+}
+#: Each comparison's title and goal (JAX vs TensorFlow: reported, no goal).
+TITLES = {
+    "devices": ("kmp on JAX / plain Keras-JAX DataParallel, 1 process of 2 simulated CPU "
+                "devices", PLAIN),
+    "processes": ("kmp on JAX / plain Keras-JAX DataParallel, 2 processes", PLAIN),
+    "backends": ("JAX / TensorFlow, kmp on both, 2 processes", None),
 }
 
 
@@ -155,72 +156,85 @@ def missing(which: str) -> str | None:
 
 
 def measure(which: str, steps: int = 160, repeats: int = 3, rounds: int = 5,
-            steps_per_execution: int = 16, width: int = WIDTH, batch: int = BATCH,
+            executions: tuple[int, ...] = (16, 1), width: int = WIDTH, batch: int = BATCH,
             timeout: float = 600, report=print) -> dict:
-    """Alternates the two sides of comparison `which` (a key of `SETUPS`), `rounds` times.
+    """Alternates the two sides of comparison `which` (a key of `SETUPS`), `rounds` times
+    (the first side first in even rounds); each job trains a model per `steps_per_execution`.
 
     Returns:
-        `{"names", "first", "second", "ratio", "ratios", "devices"}`: the names of the two
-        sides, the medians over the rounds of each side's samples/s and of the rounds'
-        ratios first / second (each in `ratios`), and the devices each side trained on.
+        `{"names", "devices", n: {"first", "second", "ratio", "ratios"}}` for each `n` of
+        `executions`: the medians over the rounds of each side's samples/s and of the rounds'
+        ratios first / second (each in `ratios`); the devices each side trained on.
     """
     import keras_mgpu_plugins as kmp
 
-    if steps % steps_per_execution:
-        raise ValueError(f"steps must be a multiple of steps_per_execution. Received: "
-                         f"steps={steps}, steps_per_execution={steps_per_execution}")
+    for n in executions:
+        if steps % n:
+            raise ValueError(f"steps must be a multiple of steps_per_execution. Received: "
+                             f"steps={steps}, steps_per_execution={n}")
     sides = SETUPS[which]
 
     def chief(side) -> dict:
         _, job, workers, backend, simulate = side
         results = kmp.launch(job, num_workers=workers, timeout=timeout, create_strategy=False,
-                             args=(steps, repeats, batch, width, steps_per_execution, simulate),
+                             args=(steps, repeats, batch, width, list(executions), simulate),
                              env={"KERAS_BACKEND": backend})
         return next(r for r in results if r["worker"] == 0)
 
-    rates: list[list[float]] = [[], []]
-    devices = [0, 0]
+    found: list[list[dict]] = [[], []]
     for index in range(rounds):
-        order = (0, 1) if index % 2 == 0 else (1, 0)
-        for i in order:
-            r = chief(sides[i])
-            rates[i].append(r["samples_per_sec"])
-            devices[i] = r["devices"]
+        for i in (0, 1) if index % 2 == 0 else (1, 0):
+            found[i].append(chief(sides[i]))
         if report is not None:
-            report(f"  round {index + 1}: {sides[0][0]} {rates[0][-1]:9.0f}  {sides[1][0]} "
-                   f"{rates[1][-1]:9.0f} samples/s  ratio {rates[0][-1] / rates[1][-1]:.3f}")
-    ratios = [a / b for a, b in zip(*rates, strict=True)]
-    return {"names": (sides[0][0], sides[1][0]), "first": statistics.median(rates[0]),
-            "second": statistics.median(rates[1]), "ratio": statistics.median(ratios),
-            "ratios": ratios, "devices": tuple(devices)}
+            report(f"  round {index + 1}: " + "  ".join(
+                f"spe {n}: {sides[0][0]} {found[0][-1]['rates'][n]:7.0f} {sides[1][0]} "
+                f"{found[1][-1]['rates'][n]:7.0f} samples/s" for n in executions))
+    result: dict = {"names": (sides[0][0], sides[1][0]),
+                    "devices": (found[0][-1]["devices"], found[1][-1]["devices"])}
+    for n in executions:
+        first, second = ([r["rates"][n] for r in side] for side in found)
+        ratio, ratios = median_ratio(first, second)
+        result[n] = {"first": statistics.median(first), "second": statistics.median(second),
+                     "ratio": ratio, "ratios": ratios}
+    return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 2 fits of 160 steps")
-    parser.add_argument("--rounds", type=int, default=5, help="alternations of the two sides")
+    add_arguments(parser, rounds=5)
     parser.add_argument("--repeats", type=int, default=3, help="timed fits per job")
     parser.add_argument("--steps", type=int, default=160, help="steps per fit")
     parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[16, 1])
     parser.add_argument("--only", nargs="+", choices=list(SETUPS), default=list(SETUPS))
     args = parser.parse_args(argv)
-    rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
-    print(f"global batch {BATCH}, {args.steps} steps x {repeats} timed fits per job, {rounds} "
+    steps, repeats, rounds, width = ((32, 1, 1, 64) if args.quick else
+                                     (args.steps, args.repeats, args.rounds, WIDTH))
+    print(f"global batch {BATCH}, {steps} steps x {repeats} timed fits per job, {rounds} "
           f"rounds, {os.cpu_count()} CPU cores", flush=True)
+    report = Report("jax_vs_keras", "kmp on JAX against plain Keras-JAX DataParallel",
+                    args.quick)
     for which in args.only:
         reason = missing(which)
         if reason:
-            print(f"{which}: not available ({reason})", flush=True)
+            report.note(f"{which}: not measured ({reason}).")
             continue
+        print(which, flush=True)
+        r = measure(which, steps=steps, repeats=repeats, rounds=rounds, width=width,
+                    executions=tuple(args.steps_per_execution),
+                    report=lambda line: print(line, flush=True))
+        title, goal = TITLES[which]
+        a, b = r["names"]
         for n in args.steps_per_execution:
-            print(f"{which}, steps_per_execution={n}", flush=True)
-            r = measure(which, steps=args.steps, repeats=repeats, rounds=rounds,
-                        steps_per_execution=n, report=lambda line: print(line, flush=True))
-            a, b = r["names"]
-            print(f"  {a:<10} {r['first']:10.0f} samples/s (median of rounds, {r['devices'][0]} "
-                  f"devices)\n  {b:<10} {r['second']:10.0f} samples/s ({r['devices'][1]} devices)"
-                  f"\n  ratio {a} / {b}: {r['ratio']:.3f} (rounds: "
-                  f"{', '.join(f'{x:.3f}' for x in r['ratios'])})", flush=True)
+            report.ratio(f"{which}_spe{n}", f"{title}, samples/s, steps_per_execution={n}",
+                         r[n]["ratio"], goal, r[n]["ratios"],
+                         f"MLP {FEATURES}-{width}-{width}-10, Adam, global batch {BATCH}, "
+                         f"{steps}-step fits, median of {repeats} timed fits per job, median "
+                         f"of {rounds} alternating rounds")
+            report.row(f"{which}: {a}, steps_per_execution={n}", r[n]["first"], "samples/s",
+                       f"{r['devices'][0]} devices")
+            report.row(f"{which}: {b}, steps_per_execution={n}", r[n]["second"], "samples/s",
+                       f"{r['devices'][1]} devices")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--case", choices=["unplaced", "placed"], default=None,
                         help=argparse.SUPPRESS)  # one case in this process (the children)
+    parser.add_argument("--json", metavar="PATH", help="write the results there as JSON")
     return parser.parse_args(argv)
 
 
@@ -162,7 +163,29 @@ def main(argv=None) -> dict:
               "optimizer": args.optimizer,
               "cases": results}
     print("RESULT " + json.dumps(result))
+    _suite_report(result, args).finish(args.json)
     return result
+
+
+def _suite_report(r: dict, args: argparse.Namespace):
+    """The results as `benchmarks/_suite.py` writes them."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _suite import Report
+
+    report = Report("model_parallel_memory", "TensorFlow: a model over one device's memory, "
+                    "split over two by strategy='model_parallel'", args.quick)
+    placed = r["cases"]["placed"]
+    per = placed.get("peak_bytes") or placed.get("report_bytes") or {}
+    source = "peak bytes in use" if placed.get("peak_bytes") else "kmp.placement_report"
+    report.ratio("placed", f"placed: most bytes a device holds / its limit ({source})",
+                 max(per.values()) / r["limit_bytes"] if per else None, ("<=", 1.0), [],
+                 f"MLP {DEPTH} x {r['width']}, {r['optimizer']}: parameters + slots "
+                 f"{r['need_bytes'] / r['limit_bytes']:.2f}x the limit of "
+                 f"{r['limit_bytes'] / 2**20:g} MiB, 2 {'GPUs' if r['on_gpu'] else 'CPU devices'}")
+    for case, res in r["cases"].items():
+        report.row(f"{case}: trained", float(bool(res.get("trained"))), "(1: yes)",
+                   res.get("error") or "")
+    return report
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def parse_args(argv=None):
                         help="auto: the GPUs if there are --devices of them, else CPU devices")
     parser.add_argument("--case", choices=list(CASES), default=None,
                         help=argparse.SUPPRESS)  # one case in this process (the children)
+    parser.add_argument("--json", metavar="PATH", help="write the results there as JSON")
     return parser.parse_args(argv)
 
 
@@ -224,7 +225,27 @@ def main(argv=None) -> dict:
     result = measure(budget_mb, args.ratio, args.steps, args.devices, args.platform)
     report(result)
     print("RESULT " + json.dumps(result))
+    suite_report(result, args).finish(args.json)
     return result
+
+
+def suite_report(r: dict, args: argparse.Namespace):
+    """The results as `benchmarks/_suite.py` writes them."""
+    from _suite import Report
+
+    report = Report("model_parallel_memory_jax", "JAX: the bytes a device holds, unsharded "
+                    "against strategy='model_parallel'", args.quick)
+    how = (f"MLP {DEPTH} x {r['width']}, Adam: parameters + slots {r['need_bytes'] / r['budget_bytes']:.2f}x "
+           f"a budget of {r['budget_bytes'] / MIB:g} MiB per device, {len(r['devices'])} "
+           f"{r['platform']} devices, after {args.steps} steps")
+    report.ratio("sharded_under_budget", "sharded (model_parallel): most bytes a device holds / "
+                 "the budget", r["summary"]["sharded"]["of_budget"], ("<=", 1.0), [], how)
+    for name, value in r["ratios"].items():
+        report.ratio(name.replace(", ", "_").replace(" / ", "_vs_").replace(" ", "_"),
+                     f"{name}: most bytes a device holds", value, None, [], how)
+    for case, label in CASES.items():
+        report.row(f"{label}: most bytes a device holds", r["summary"][case]["held_max"] / MIB, "MiB")
+    return report
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ bursts of a shared machine) and their ratio, measured in this one run. The
 decorator only runs the factory in the scope, so the ratio should be 1 within
 noise.
 
-    python benchmarks/parallelize_overhead.py [--quick] [--repeats 10] [--steps 50]
+    python benchmarks/parallelize_overhead.py [--quick] [--repeats 10] [--steps 50] [--json PATH]
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import argparse
 import os
 import statistics
 import time
+
+from _suite import PLAIN, Report, add_arguments
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -108,24 +110,34 @@ def measure(repeats: int = 10, steps: int = 50, batch: int = 256, width: int = 5
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 repeats of 30 steps")
+    add_arguments(parser, rounds=None)
     parser.add_argument("--repeats", type=int, default=10, help="fits per model")
     parser.add_argument("--steps", type=int, default=50, help="steps per fit")
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=None, help="the same as --repeats")
+    args = parser.parse_args(argv)
     import tensorflow as tf
 
     import keras_mgpu_plugins as kmp
 
     if len(tf.config.list_physical_devices("GPU")) < 2:
         kmp.simulate_devices(2)
-    repeats, steps = (6, 30) if args.quick else (args.repeats, args.steps)
+    repeats, steps = (2, 8) if args.quick else (args.rounds or args.repeats, args.steps)
     result = measure(repeats=repeats, steps=steps)
     print(f"{result['replicas']} replicas, {steps} steps x {repeats} fits per model")
     print(f"  @kmp.parallelize     {1e3 * result['step_s_parallelize']:8.2f} ms/step")
     print(f"  hand-written scope   {1e3 * result['step_s_hand']:8.2f} ms/step")
-    print(f"  ratio parallelize / hand: {result['ratio']:.3f}")
+    report = Report("parallelize_overhead", "TensorFlow, 2 devices of one process: "
+                    "@kmp.parallelize against the hand-written strategy scope", args.quick)
+    report.ratio("parallelize", "@kmp.parallelize / tf.distribute.MirroredStrategy scope by "
+                 "hand, speed per step", 1 / result["ratio"], PLAIN, [],
+                 f"{result['replicas']} replicas, MLP {FEATURES}-512-512-10, Adam, batch 256, "
+                 f"median of the intervals between batch starts over {repeats} alternating fits "
+                 f"of {steps} steps each")
+    report.row("@kmp.parallelize", 1e3 * result["step_s_parallelize"], "ms a step")
+    report.row("hand-written scope", 1e3 * result["step_s_hand"], "ms a step")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

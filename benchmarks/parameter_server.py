@@ -15,15 +15,17 @@ Convergence: the tests' model (tests/multi_worker/test_parameter_server.py: 4 in
 the final losses and their ratio per seed.
 
     python benchmarks/parameter_server.py [--steps 300] [--seeds 3] [--epochs 10] [--quick]
+        [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+from _suite import Report, add_arguments
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -86,24 +88,22 @@ def convergence_job(strategy: str | None, seeds: list[int], epochs: int) -> list
     return losses
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="--steps 60 --seeds 1 --epochs 3")
-    args = parser.parse_args()
+    add_arguments(parser, rounds=None)  # --quick: the 2-worker jobs, no convergence job
+    args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.seeds, args.epochs = 60, 1, 3
+        args.steps, args.seeds, args.epochs = 24, 1, 1
     import keras_mgpu_plugins as kmp
 
     results = {}
-    for name, strategy, workers, num_ps in [("all-reduce, 1 worker", "auto", 1, 0),
-                                            ("all-reduce, 2 workers", "auto", 2, 0),
-                                            ("parameter servers, 1 worker", "parameter_server",
-                                             1, 1),
-                                            ("parameter servers, 2 workers", "parameter_server",
-                                             2, 1)]:
+    jobs = [("all-reduce, 1 worker", "auto", 1, 0), ("all-reduce, 2 workers", "auto", 2, 0),
+            ("parameter servers, 1 worker", "parameter_server", 1, 1),
+            ("parameter servers, 2 workers", "parameter_server", 2, 1)]
+    for name, strategy, workers, num_ps in jobs[1::2] if args.quick else jobs:  # --quick: 2
         out = kmp.launch(throughput_job, num_workers=workers, num_ps=num_ps,
                          args=(strategy, args.steps), timeout=1800)[0]
         results[name] = out
@@ -111,8 +111,9 @@ def main() -> None:
               flush=True)
     seeds = list(range(args.seeds))
     one = convergence_job(None, seeds, args.epochs)
-    ps = kmp.launch(convergence_job, num_workers=2, num_ps=1,
-                    args=("parameter_server", seeds, args.epochs), timeout=1800)[0]
+    ps = one if args.quick else kmp.launch(  # --quick: no second parameter-server job
+        convergence_job, num_workers=2, num_ps=1, args=("parameter_server", seeds, args.epochs),
+        timeout=1800)[0]
     ratios = [p / o for p, o in zip(ps, one, strict=True)]
     results["convergence"] = {"one_device": one, "parameter_servers_2_workers": ps,
                               "ratios": ratios}
@@ -120,7 +121,23 @@ def main() -> None:
         print(f"seed {seed}: final loss one device {o:.4f}, parameter servers (2 workers, "
               f"asynchronous) {p:.4f}: {r:.2f}x", flush=True)
     print(f"largest ratio {max(ratios):.2f}x, median {statistics.median(ratios):.2f}x")
-    print(json.dumps(results))
+    report = Report("parameter_server", "TensorFlow: parameter servers against all-reduce on the "
+                    "same workers", args.quick)
+    for workers in ("2 workers",) if args.quick else ("1 worker", "2 workers"):
+        ps, ar = results[f"parameter servers, {workers}"], results[f"all-reduce, {workers}"]
+        report.ratio(f"ps_{workers.replace(' ', '_')}",
+                     f"parameter servers (1 ps) / all-reduce, {workers}, steps/s",
+                     ps["steps_per_s"] / ar["steps_per_s"], None, [],
+                     f"kmp.launch on one machine, MLP {FEATURES}-{WIDTH}-{WIDTH}-10, Adam, "
+                     f"{BATCH} rows a step, one timed fit of {args.steps} steps after a warm-up")
+    report.ratio("convergence", "final loss, parameter servers with 2 asynchronous workers / "
+                 "one device (median over seeds)", statistics.median(ratios), None, ratios,
+                 f"the tests' model, SGD 0.05, batch 16, {args.epochs} epochs of 320 rows, "
+                 f"seeds 0-{args.seeds - 1}")
+    for name, out in results.items():
+        if name != "convergence":
+            report.row(name, out["steps_per_s"], "steps/s", f"{out['samples_per_s']:,.0f} samples/s")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,24 @@ and the workers stopped at the next agreement. Prints one JSON line per repeat a
 - `max_abs_diff`: the resumed run's weights against the uninterrupted run's (same count);
 - `elastic_max_abs_diff` (`--elastic`): a backup of 2 workers resumed on 1, against the
   uninterrupted 2-worker run (without Dropout and shuffle: see `elastic_difference`);
-- `check_ms_per_step` (`--overhead`): what watching for stop signals costs (one small
-  all-gather per batch end): seconds per step of an uninterrupted 2-worker `fit` (4096 rows,
-  2 epochs: 512 steps, no sleep) with `stop_signals=("SIGTERM", "SIGUSR1")` minus the same
-  with `stop_signals=None`, jobs alternating, median of the pairs (`--pairs`).
+- `check_ms_per_step` (`--overhead`): what watching for stop signals costs at
+  `BackupAndRestore`'s defaults: the milliseconds per step of an uninterrupted `fit`
+  (`--workers` processes, 4096 rows, 3 epochs of 256 steps, no sleep, `--plain`: no batch
+  hook of the script's own) with `stop_signals=("SIGTERM", "SIGUSR1")` minus the same with
+  `stop_signals=None`, each job's steady state (the median of epochs 2 and 3, each from its
+  start to its end), jobs alternating, median of the pairs (`--pairs`); `check_pct` is that
+  cost in % of a step. `sync_hook_ms_per_step`: what running Keras's batch-end hooks on the
+  training thread alone costs (`stop_signals=None` and a batch-end hook that does nothing,
+  against without it; 0 on TensorFlow, where Keras always runs them there).
+
+`--stop-check-interval S` passes that setting to `BackupAndRestore`; `--package DIR` runs
+the `keras_mgpu_plugins` in DIR (e.g. another checkout, to measure before a change) with
+this checkout's scripts; `--no-resume` leaves out the resumed runs (a backend that cannot
+resume mid-epoch).
 
     python benchmarks/preemption.py --repeats 5 --elastic --overhead
     KERAS_BACKEND=jax python benchmarks/preemption.py --repeats 5 --elastic --overhead
+    python benchmarks/preemption.py --repeats 0 --overhead --workers 1
 """
 
 from __future__ import annotations
@@ -46,16 +57,18 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "preempt.py"
+#: Where `keras_mgpu_plugins` is imported from (`--package`), and options for every run.
+SETTINGS: dict = {"package": ROOT, "options": ()}
 
 
 def launch(folder: pathlib.Path, name: str, *options: str, workers: int = 2,
            signal_at_mark: bool = False, progress: bool = True) -> tuple[int, float | None, float]:
     """(exit code, signal time, exit time) of one `kmp-launch` (or one process) run."""
     out = str(folder / name)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(SETTINGS["package"]), str(ROOT), os.environ.get("PYTHONPATH")]))}
     script = [str(SCRIPT), str(folder / "backup"), out, *(["--progress"] if progress else []),
-              *options]
+              *SETTINGS["options"], *options]
     command = ([sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(workers), *script]
                if workers > 1 else [sys.executable, *script])
     proc = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.DEVNULL,
@@ -72,7 +85,7 @@ def launch(folder: pathlib.Path, name: str, *options: str, workers: int = 2,
     return proc.returncode, sent, time.time()
 
 
-def repeat(folder: pathlib.Path, expected: np.ndarray) -> dict:
+def repeat(folder: pathlib.Path, expected: np.ndarray | None) -> dict:
     code, sent, ended = launch(folder, "stopped", "--mark-at", "1:1", "--slow", "0.2",
                                signal_at_mark=True)
     weights = folder / "backup" / "latest.weights.h5"
@@ -87,6 +100,8 @@ def repeat(folder: pathlib.Path, expected: np.ndarray) -> dict:
     result = {"exit_code": code, "to_backup_s": round(weights.stat().st_mtime - sent, 3),
               "to_exit_s": round(ended - sent, 3), "saved_step": saved_step,
               "steps_lost": max(trained) - saved_step}
+    if expected is None:
+        return result
     launch(folder, "resumed", "--slow", "0")
     result["max_abs_diff"] = float(np.abs(np.load(folder / "resumed.npy") - expected).max())
     return result
@@ -105,23 +120,31 @@ def elastic_difference(folder: pathlib.Path) -> float:
     return float(np.abs(np.load(folder / "resumed.npy") - np.load(folder / "expected.npy")).max())
 
 
-def overhead(folder: pathlib.Path, pairs: int) -> dict:
-    """Seconds per step with and without watching for stop signals, jobs alternating."""
+def overhead(folder: pathlib.Path, pairs: int, workers: int = 2) -> dict:
+    """Milliseconds per step (steady state) with and without watching for stop signals, and
+    with a batch-end hook that does nothing, jobs alternating."""
     folder.mkdir()
-    rows, epochs, batch = 4096, 2, 16
-    steps = epochs * rows // batch
-    per_step: dict[str, list[float]] = {"watching": [], "not_watching": []}
+    rows, epochs, batch = 4096, 3, 16
+    steps = rows // batch
+    variants = {"watching": (), "not_watching": ("--no-stop-signals",),
+                "sync_hook": ("--no-stop-signals", "--sync-hook")}
+    per_step: dict[str, list[float]] = {key: [] for key in variants}
     for i in range(pairs):
-        for key, options in (("watching", ()), ("not_watching", ("--no-stop-signals",))):
+        order = list(variants) if i % 2 == 0 else list(reversed(variants))
+        for key in order:
             name = f"{key}-{i}"
-            launch(folder, name, "--rows", str(rows), "--epochs", str(epochs), *options,
-                   progress=False)
+            launch(folder, name, "--rows", str(rows), "--epochs", str(epochs), "--plain",
+                   *variants[key], progress=False, workers=workers)
             with open(folder / f"{name}.json") as f:
-                per_step[key].append(json.load(f)["fit_s"] / steps)
-    with_, without = (statistics.median(per_step[k]) for k in ("watching", "not_watching"))
-    return {"ms_per_step_watching": round(with_ * 1e3, 3),
-            "ms_per_step_not_watching": round(without * 1e3, 3),
-            "check_ms_per_step": round((with_ - without) * 1e3, 3),
+                epoch_s = json.load(f)["epoch_s"]
+            per_step[key].append(statistics.median(epoch_s[1:]) / steps)
+    ms = {key: statistics.median(values) * 1e3 for key, values in per_step.items()}
+    return {"workers": workers, "ms_per_step_watching": round(ms["watching"], 3),
+            "ms_per_step_not_watching": round(ms["not_watching"], 3),
+            "check_ms_per_step": round(ms["watching"] - ms["not_watching"], 3),
+            "check_pct": round(100 * (ms["watching"] - ms["not_watching"]) / ms["not_watching"], 2),
+            "sync_hook_ms_per_step": round(ms["sync_hook"] - ms["not_watching"], 3),
+            "per_pair_ms": {k: [round(v * 1e3, 3) for v in vs] for k, vs in per_step.items()},
             "overhead_pairs": pairs}
 
 
@@ -131,14 +154,25 @@ def main() -> None:
     parser.add_argument("--elastic", action="store_true")
     parser.add_argument("--overhead", action="store_true")
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="processes of --overhead's jobs")
+    parser.add_argument("--stop-check-interval", type=float, default=None)
+    parser.add_argument("--package", default=str(ROOT),
+                        help="the folder whose keras_mgpu_plugins the runs import")
+    parser.add_argument("--no-resume", action="store_true")
     args = parser.parse_args()
+    SETTINGS["package"] = pathlib.Path(args.package).resolve()
+    if args.stop_check_interval is not None:
+        SETTINGS["options"] = ("--stop-check-interval", str(args.stop_check_interval))
     base = pathlib.Path(tempfile.mkdtemp(prefix="kmp-preemption-"))
     try:
         summary: dict = {"backend": os.environ.get("KERAS_BACKEND", "tensorflow"),
-                         "repeats": args.repeats}
+                         "repeats": args.repeats, "package": str(SETTINGS["package"]),
+                         "stop_check_interval": args.stop_check_interval}
         if args.repeats:
-            launch(base, "uninterrupted")
-            expected = np.load(base / "uninterrupted.npy")
+            expected = None
+            if not args.no_resume:
+                launch(base, "uninterrupted")
+                expected = np.load(base / "uninterrupted.npy")
             results = []
             for i in range(args.repeats):
                 folder = base / f"repeat-{i}"
@@ -147,12 +181,14 @@ def main() -> None:
                 print(json.dumps(results[-1]), flush=True)
             summary.update({key: statistics.median(r[key] for r in results)
                             for key in ("to_backup_s", "to_exit_s", "steps_lost")})
-            summary.update(max_abs_diff=max(r["max_abs_diff"] for r in results),
-                           steps_lost_max=max(r["steps_lost"] for r in results))
+            summary.update(steps_lost_max=max(r["steps_lost"] for r in results),
+                           to_backup_s_max=max(r["to_backup_s"] for r in results))
+            if expected is not None:
+                summary["max_abs_diff"] = max(r["max_abs_diff"] for r in results)
         if args.elastic:
             summary["elastic_max_abs_diff"] = elastic_difference(base / "elastic")
         if args.overhead:
-            summary.update(overhead(base / "overhead", args.pairs))
+            summary.update(overhead(base / "overhead", args.pairs, args.workers))
         print("median", json.dumps(summary), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -7,7 +7,8 @@ hit both alike, and prints the median wall time per step of each, their ratio,
 and the cost of the watchdog's batch hook alone (two assignments, measured with
 `timeit`). Its thread wakes once a second, off the training thread.
 
-    python benchmarks/stall_watchdog_overhead.py [--steps 200] [--repeats 9] [--units 256]
+    python benchmarks/stall_watchdog_overhead.py [--quick] [--steps 200] [--repeats 9] [--units 256]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -19,16 +20,21 @@ import tempfile
 import time
 import timeit
 
+from _suite import CALLBACK, Report, add_arguments, median_ratio
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, rounds=None)
     parser.add_argument("--steps", type=int, default=200, help="batches per fit")
     parser.add_argument("--repeats", type=int, default=9, help="fits per setup")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--units", type=int, default=256)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats, args.units = 8, 3, 16
 
     import keras
     import numpy as np
@@ -68,6 +74,20 @@ def main() -> None:
           f"watchdog/noop_hook: {medians['watchdog'] / medians['noop_hook']:.3f}")
     print(f"batch hook alone: {hook * 1e9:.0f} ns "
           f"({hook / medians['none'] * 100:.4f}% of a step)")
+    report = Report("stall_watchdog_overhead", "StallWatchdog at its defaults against a plain "
+                    "fit, one device", args.quick)
+    ratio, ratios = median_ratio(per_step["none"], per_step["watchdog"])
+    report.ratio("watchdog", f"fit with StallWatchdog(timeout=600) / plain fit, speed per step "
+                 f"({keras.backend.backend()})", ratio, CALLBACK, ratios,
+                 f"one device, Dense({args.units}), batch {args.batch}, {args.steps}-step fits, "
+                 f"{args.repeats} fits per setup in rotating order; its batch hook alone "
+                 f"{hook * 1e9:.0f} ns")
+    report.ratio("noop_hook", "fit with a batch-end hook doing nothing / plain fit (what any "
+                 "batch hook costs)", *median_ratio(per_step["none"], per_step["noop_hook"])[:1],
+                 None, median_ratio(per_step["none"], per_step["noop_hook"])[1])
+    for name, median in medians.items():
+        report.row(f"{name}, wall time a step", median * 1e3, "ms")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

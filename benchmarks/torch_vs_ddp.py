@@ -24,7 +24,7 @@ The sides alternate for `--rounds` rounds (kmp first in even rounds); each round
 ratio kmp / other, and the median ratio is reported with every round's.
 
     python benchmarks/torch_vs_ddp.py [--quick] [--rounds 5] [--repeats 3] [--steps 160]
-                                      [--explain]
+                                      [--explain] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import os
 import statistics
 import time
 
+from _suite import LOOP, PLAIN, Report, add_arguments
 from workers_vs_loop import BATCH, _data, _layers  # the same MLP and data
 
 WIDTH = 512
@@ -191,24 +192,43 @@ def measure(other: str = "loop", steps: int = 160, repeats: int = 3, rounds: int
             "ratio": statistics.median(ratios), "ratios": ratios, "name": other}
 
 
-def main(argv=None) -> None:
+#: What each other side is, and the goal kmp's fit is held to against it.
+OTHERS = {"loop": ("the keras.io guide's hand-written DDP loop", LOOP),
+          "upstream": ("Keras's own DDP fit (keras-nightly)", PLAIN),
+          "alone": ("plain Keras fit, no collective (--explain)", None)}
+
+
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=5)
+    add_arguments(parser, rounds=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--explain", action="store_true",
                         help="also against plain Keras fit with no collective (alone)")
     args = parser.parse_args(argv)
-    rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
+    steps, repeats, rounds, width = ((16, 1, 1, 64) if args.quick else
+                                     (args.steps, args.repeats, args.rounds, args.width))
     others = (["loop"] + (["upstream"] if upstream_has_ddp() else [])
               + (["alone"] if args.explain else []))
+    report = Report("torch_vs_ddp", "kmp on torch against a hand-written DDP loop, and "
+                    "against Keras's own DDP fit", args.quick)
+    if "upstream" not in others:
+        report.note("Keras's own DDP fit: not measured (the installed Keras has none; "
+                    "keras-nightly has, keras-team/keras#23316).")
     for other in others:
-        r = measure(other, args.steps, repeats, rounds, args.width)
+        r = measure(other, steps, repeats, rounds, width)
+        name, goal = OTHERS[other]
         print(f"kmp fit {r['kmp']:,.0f} samples/s, {other} {r['other']:,.0f} samples/s: "
               f"ratio {r['ratio']:.3f}x (rounds {', '.join(f'{x:.3f}' for x in r['ratios'])})",
               flush=True)
+        report.ratio(other, f"kmp fit / {name}, samples/s", r["ratio"], goal, r["ratios"],
+                     f"2 gloo processes of kmp.launch, one thread each, MLP 64-{width}-{width}"
+                     f"-10, Adam, global batch {BATCH}, {steps}-step epochs, median of "
+                     f"{repeats} timed epochs per job, median of {rounds} alternating rounds")
+        report.row(f"kmp fit (against {other})", r["kmp"], "samples/s")
+        report.row(name, r["other"], "samples/s")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

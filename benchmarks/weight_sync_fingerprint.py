@@ -17,7 +17,8 @@ Ratios are measured in this one run. With `--devices N` (before TensorFlow
 starts) the device is split into N logical devices and the model is mirrored
 over them, as in the tests.
 
-    python benchmarks/weight_sync_fingerprint.py [--mb 64] [--repeats 7] [--devices 2]
+    python benchmarks/weight_sync_fingerprint.py [--quick] [--mb 64] [--repeats 7] [--devices 2]
+        [--json PATH]
 
 With one replica on one worker there is nothing to compare and a check costs
 nothing, so the overhead part mirrors the model over 2 logical devices by default.
@@ -30,10 +31,12 @@ import os
 import statistics
 import time
 
+from _suite import CALLBACK, Report, add_arguments, median_ratio
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=64.0, help="MB of weights (throughput part)")
     parser.add_argument("--layers", type=int, default=8)
@@ -43,7 +46,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--units", type=int, default=512, help="width of the fitted model")
     parser.add_argument("--devices", type=int, default=2,
                         help="split the device into N logical ones (0: use the real devices)")
-    return parser.parse_args()
+    add_arguments(parser, rounds=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mb, args.layers, args.repeats, args.epochs, args.steps, args.units = 1, 2, 2, 1, 4, 32
+    return args
 
 
 def throughput(args: argparse.Namespace) -> dict:
@@ -98,7 +105,7 @@ def throughput(args: argparse.Namespace) -> dict:
             "repeats": args.repeats}
 
 
-def overhead(args: argparse.Namespace) -> None:
+def overhead(args: argparse.Namespace) -> dict:
     import logging
 
     import keras
@@ -167,16 +174,34 @@ def overhead(args: argparse.Namespace) -> None:
           f"{statistics.median(share) * verified / checks * 1e3:.2f} ms per check  (target <= 1%)")
     print(f"   first fit with a verifier (compiles the kernels): hooks took {first_spent:.2f} s "
           f"of {first:.2f} s")
+    ratio, ratios = median_ratio(wall["plain"], wall["verifier"])
+    return {"ratio": ratio, "ratios": ratios, "share": statistics.median(share), "checks": checks,
+            "replicas": int(model.distribute_strategy.num_replicas_in_sync),
+            "ms_per_check": statistics.median(share) * verified / checks * 1e3}
 
 
-def main() -> None:
-    args = parse()
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
     if args.devices:
         import keras_mgpu_plugins as kmp
 
         kmp.simulate_devices(args.devices)
-    throughput(args)
-    overhead(args)
+    t = throughput(args)
+    o = overhead(args)
+    report = Report("weight_sync_fingerprint", "WeightSyncVerifier: fingerprint throughput and "
+                    "its cost in fit, TensorFlow", args.quick)
+    report.ratio("throughput", f"fingerprint / tf.reduce_sum, GB/s ({args.mb:g} MB of float32 "
+                 "weights)", t["ratio"], (">=", 0.5), [],
+                 f"one graph call each over {t['variables']} variables, median of "
+                 f"{t['repeats']} calls, interleaved")
+    report.ratio("overhead", "fit with WeightSyncVerifier() / plain fit, speed (its checks "
+                 "included)", o["ratio"], CALLBACK, o["ratios"],
+                 f"{o['replicas']} replicas, {args.epochs} epochs x {args.steps} steps, "
+                 f"{o['checks']} checks per fit, {o['ms_per_check']:.2f} ms per check, "
+                 f"{args.repeats} alternating pairs of fits")
+    for name, rate in t["gb_per_s"].items():
+        report.row(name, rate, "GB/s")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

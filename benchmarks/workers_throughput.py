@@ -20,7 +20,7 @@ host placed the two virtual cores), and a ratio from one pair of jobs depends
 on which of the two it met.
 
     python benchmarks/workers_throughput.py [--quick] [--rounds 3] [--repeats 3]
-        [--steps 160] [--steps-per-execution 1 16]
+        [--steps 160] [--steps-per-execution 16 1] [--json PATH]
 
 Fits are 160 steps long by default: every fit also pays a fixed cost (building
 and distributing the dataset and its iterators, 0.25-0.55 s with 2 workers on 2
@@ -35,9 +35,13 @@ import os
 import statistics
 import time
 
+from _suite import Report, add_arguments
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FEATURES = 64
+#: The project's goal for 2 workers sharing one machine against 1 (docs/benchmarks.md).
+GOAL = (">=", 0.8)
 
 
 def train_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int = 1) -> dict:
@@ -107,24 +111,33 @@ def measure(repeats: int = 3, steps: int = 160, batch: int = 256, width: int = 5
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 2 repeats of 160 steps")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two jobs")
+    add_arguments(parser, rounds=3)
     parser.add_argument("--repeats", type=int, default=3, help="timed fits per job")
     parser.add_argument("--steps", type=int, default=160, help="steps per fit")
-    parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[1, 16])
-    args = parser.parse_args()
-    rounds, repeats, steps = (1, 2, 160) if args.quick else (args.rounds, args.repeats, args.steps)
+    parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[16, 1])
+    args = parser.parse_args(argv)
+    rounds, repeats, steps, width = ((1, 1, 32, 64) if args.quick else
+                                     (args.rounds, args.repeats, args.steps, 512))
     print(f"global batch 256, {steps} steps x {repeats} timed fits per job, {rounds} rounds, "
           f"{os.cpu_count()} CPU cores")
+    report = Report("workers_throughput", "TensorFlow: 2 workers on one machine against 1",
+                    args.quick)
     for n in args.steps_per_execution:
-        result = measure(repeats=repeats, steps=steps, steps_per_execution=n, rounds=rounds)
+        result = measure(repeats=repeats, steps=steps, steps_per_execution=n, rounds=rounds,
+                         width=width)
         print(f"steps_per_execution={n}")
         print(f"  1 worker    {result['samples_per_sec_1']:10.0f} samples/s (median of rounds)")
         print(f"  2 workers   {result['samples_per_sec_2']:10.0f} samples/s ({result['replicas_2']} replicas)")
-        print(f"  ratio 2 workers / 1 worker: {result['ratio']:.3f} (rounds: "
-              f"{', '.join(f'{r:.3f}' for r in result['ratios'])})")
+        report.ratio(f"workers_spe{n}", f"2 workers / 1 worker, samples/s, steps_per_execution={n}",
+                     result["ratio"], GOAL, result["ratios"],
+                     f"kmp.launch, the 2 workers sharing this machine's {os.cpu_count()} cores, "
+                     f"MLP {FEATURES}-{width}-{width}-10, Adam, global batch 256, {steps}-step "
+                     f"fits, median of {repeats} timed fits per job, median of {rounds} rounds")
+        report.row(f"1 worker, steps_per_execution={n}", result["samples_per_sec_1"], "samples/s")
+        report.row(f"2 workers, steps_per_execution={n}", result["samples_per_sec_2"], "samples/s")
+    return report.finish(args.json)
 
 
 if __name__ == "__main__":

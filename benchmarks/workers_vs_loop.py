@@ -27,7 +27,9 @@ loop does not pay). Jobs alternate (kmp, loop, kmp, loop, ...) for
 with every round's, for each `--steps-per-execution` (default 16 and 1).
 
     python benchmarks/workers_vs_loop.py [--quick] [--rounds 5] [--repeats 3]
-        [--steps 160] [--steps-per-execution 16 1]
+        [--steps 160] [--steps-per-execution 16 1] [--json PATH]
+
+Each job (a fresh `kmp.launch`) trains one model per `steps_per_execution`, in turn.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import argparse
 import os
 import statistics
 import time
+
+from _suite import LOOP, Report, add_arguments, median_ratio
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -59,30 +63,19 @@ def _layers(width: int) -> list:
             keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)]
 
 
-def _result(epoch_seconds: list[float], batch: int, steps: int, replicas: int) -> dict:
-    import keras_mgpu_plugins as kmp
-
-    rates = [batch * steps / s for s in epoch_seconds[1:]]  # the first epoch traces
-    return {"samples_per_sec": statistics.median(rates), "replicas": replicas,
-            "worker": kmp.topology().worker_index}
-
-
-def kmp_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int) -> dict:
-    """One worker of the kmp side: `@kmp.parallelize` and `fit`."""
+def kmp_job(steps: int, repeats: int, batch: int, width: int, executions: list[int]) -> dict:
+    """One worker of the kmp side: `@kmp.parallelize` and `fit`, a model per `steps_per_execution`."""
     import keras
 
     import keras_mgpu_plugins as kmp
 
     @kmp.parallelize  # creates this worker's MultiWorkerMirroredStrategy, before any op
-    def build():
+    def build(steps_per_execution: int):
         keras.utils.set_random_seed(0)
         model = keras.Sequential(_layers(width))
         model.compile(optimizer="adam", steps_per_execution=steps_per_execution,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
-
-    model = build()
-    x, y = _data(batch, steps)
 
     class EpochClock(keras.callbacks.Callback):
         def __init__(self):
@@ -95,19 +88,34 @@ def kmp_job(steps: int, repeats: int, batch: int, width: int, steps_per_executio
         def on_train_end(self, logs=None):
             self.marks.append(time.perf_counter())
 
-    clock = EpochClock()
-    model.fit(x, y, batch_size=batch, epochs=1 + repeats, shuffle=False, verbose=0,
-              callbacks=[clock])
-    seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
-    return _result(seconds, batch, steps, int(model.distribute_strategy.num_replicas_in_sync))
+    x, y = _data(batch, steps)
+    rates, replicas = {}, 0
+    for n in executions:
+        model = build(n)
+        clock = EpochClock()
+        model.fit(x, y, batch_size=batch, epochs=1 + repeats, shuffle=False, verbose=0,
+                  callbacks=[clock])
+        seconds = [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)]
+        rates[n] = _rate(seconds, batch, steps)
+        replicas = int(model.distribute_strategy.num_replicas_in_sync)
+    return _result(rates, replicas)
 
 
-def loop_job(steps: int, repeats: int, batch: int, width: int, steps_per_execution: int) -> dict:
-    """One worker of the loop side: a hand-written `tf.distribute` training loop."""
+def loop_job(steps: int, repeats: int, batch: int, width: int, executions: list[int]) -> dict:
+    """One worker of the loop side: a hand-written `tf.distribute` training loop per
+    `steps_per_execution`."""
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()  # before any op
+    x, y = _data(batch, steps)
+    rates = {n: _loop(strategy, x, y, steps, repeats, batch, width, n) for n in executions}
+    return _result(rates, int(strategy.num_replicas_in_sync))
+
+
+def _loop(strategy, x, y, steps: int, repeats: int, batch: int, width: int,
+          steps_per_execution: int) -> float:
     import keras
+    import tensorflow as tf
 
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -115,7 +123,6 @@ def loop_job(steps: int, repeats: int, batch: int, width: int, steps_per_executi
         optimizer = keras.optimizers.Adam()
         loss_tracker = keras.metrics.Mean()  # as fit's: updated per step, read per execution
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    x, y = _data(batch, steps)
     # drop_remainder (every batch is full here): without it TensorFlow checks at every step,
     # with an all-reduce, that every worker still has input; fit skips that check for
     # executions of full batches (kmp's full_batch_executions_skip_input_check). One iterator
@@ -153,63 +160,87 @@ def loop_job(steps: int, repeats: int, batch: int, width: int, steps_per_executi
         for _ in range(steps // steps_per_execution):
             execution(iterator)
         seconds.append(time.perf_counter() - start)
-    return _result(seconds, batch, steps, int(strategy.num_replicas_in_sync))
+    return _rate(seconds, batch, steps)
 
 
-def measure(steps: int = 160, repeats: int = 3, rounds: int = 5, steps_per_execution: int = 16,
-            width: int = 512, batch: int = BATCH, timeout: float = 600,
-            report=print) -> dict:
-    """Alternates a kmp job and a loop job on 2 workers, `rounds` times.
+def measure(steps: int = 160, repeats: int = 3, rounds: int = 5,
+            executions: tuple[int, ...] = (16, 1), width: int = 512, batch: int = BATCH,
+            timeout: float = 600, report=print) -> dict:
+    """Alternates a kmp job and a loop job on 2 workers, `rounds` times (kmp first in even
+    rounds); each job trains one model per `steps_per_execution` of `executions`.
 
     Returns:
-        `{"kmp", "loop", "ratio", "ratios", "replicas"}`: the medians over the rounds of
-        each side's samples/s and of the rounds' ratios kmp / loop (each in `ratios`).
+        `{"replicas", n: {"kmp", "loop", "ratio", "ratios"}}` for each `n` of `executions`:
+        the medians over the rounds of each side's samples/s and of the rounds' ratios
+        kmp / loop (each in `ratios`).
     """
     import keras_mgpu_plugins as kmp
 
-    if steps % steps_per_execution:
-        raise ValueError(f"steps must be a multiple of steps_per_execution. Received: "
-                         f"steps={steps}, steps_per_execution={steps_per_execution}")
-    args = (steps, repeats, batch, width, steps_per_execution)
+    for n in executions:
+        if steps % n:
+            raise ValueError(f"steps must be a multiple of steps_per_execution. Received: "
+                             f"steps={steps}, steps_per_execution={n}")
+    args = (steps, repeats, batch, width, list(executions))
 
     def chief(job) -> dict:
         results = kmp.launch(job, num_workers=2, args=args, timeout=timeout,
                              create_strategy=False)
         return next(r for r in results if r["worker"] == 0)
 
-    kmps, loops, replicas = [], [], 0
+    found: dict[str, list[dict]] = {"kmp": [], "loop": []}
     for index in range(rounds):
-        kmps.append(chief(kmp_job)["samples_per_sec"])
-        loop = chief(loop_job)
-        loops.append(loop["samples_per_sec"])
-        replicas = loop["replicas"]
+        for side in ("kmp", "loop") if index % 2 == 0 else ("loop", "kmp"):
+            found[side].append(chief(kmp_job if side == "kmp" else loop_job))
         if report is not None:
-            report(f"  round {index + 1}: kmp {kmps[-1]:9.0f}  loop {loops[-1]:9.0f} samples/s"
-                   f"  ratio {kmps[-1] / loops[-1]:.3f}")
-    ratios = [a / b for a, b in zip(kmps, loops, strict=True)]
-    return {"kmp": statistics.median(kmps), "loop": statistics.median(loops),
-            "ratio": statistics.median(ratios), "ratios": ratios, "replicas": replicas}
+            report(f"  round {index + 1}: " + "  ".join(
+                f"spe {n}: kmp {found['kmp'][-1]['rates'][n]:7.0f} loop "
+                f"{found['loop'][-1]['rates'][n]:7.0f} samples/s" for n in executions))
+    result: dict = {"replicas": found["loop"][-1]["replicas"]}
+    for n in executions:
+        kmps = [r["rates"][n] for r in found["kmp"]]
+        loops = [r["rates"][n] for r in found["loop"]]
+        ratio, ratios = median_ratio(kmps, loops)
+        result[n] = {"kmp": statistics.median(kmps), "loop": statistics.median(loops),
+                     "ratio": ratio, "ratios": ratios}
+    return result
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs of 160 steps")
-    parser.add_argument("--rounds", type=int, default=5, help="alternations of the two jobs")
+    add_arguments(parser, rounds=5)
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs per job")
     parser.add_argument("--steps", type=int, default=160, help="steps per epoch")
     parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[16, 1])
     args = parser.parse_args(argv)
-    rounds, repeats = (1, 2) if args.quick else (args.rounds, args.repeats)
-    print(f"2 workers, global batch {BATCH}, {args.steps} steps x {repeats} timed epochs per "
+    steps, repeats, rounds, width = ((32, 1, 1, 64) if args.quick else
+                                     (args.steps, args.repeats, args.rounds, 512))
+    print(f"2 workers, global batch {BATCH}, {steps} steps x {repeats} timed epochs per "
           f"job, {rounds} rounds, {os.cpu_count()} CPU cores", flush=True)
+    r = measure(steps=steps, repeats=repeats, rounds=rounds, width=width,
+                executions=tuple(args.steps_per_execution),
+                report=lambda line: print(line, flush=True))
+    report = Report("workers_vs_loop", "TensorFlow, 2 workers: kmp's fit against a "
+                    "hand-written tf.distribute loop", args.quick)
     for n in args.steps_per_execution:
-        print(f"steps_per_execution={n}", flush=True)
-        r = measure(steps=args.steps, repeats=repeats, rounds=rounds, steps_per_execution=n,
-                    report=lambda line: print(line, flush=True))
-        print(f"  kmp fit   {r['kmp']:10.0f} samples/s (median of rounds, {r['replicas']} replicas)")
-        print(f"  tf loop   {r['loop']:10.0f} samples/s")
-        print(f"  ratio kmp / loop: {r['ratio']:.3f} (rounds: "
-              f"{', '.join(f'{x:.3f}' for x in r['ratios'])})", flush=True)
+        report.ratio(f"loop_spe{n}", f"kmp fit / tf.distribute loop, samples/s, "
+                     f"steps_per_execution={n}", r[n]["ratio"], LOOP, r[n]["ratios"],
+                     f"2 workers of kmp.launch, MLP {FEATURES}-{width}-{width}-10, Adam, global "
+                     f"batch {BATCH}, {steps}-step epochs, median of the chief's {repeats} "
+                     f"timed epochs per job, median of {rounds} alternating rounds")
+        report.row(f"kmp fit, steps_per_execution={n}", r[n]["kmp"], "samples/s",
+                   f"{r['replicas']} replicas")
+        report.row(f"tf.distribute loop, steps_per_execution={n}", r[n]["loop"], "samples/s")
+    return report.finish(args.json)
+
+
+def _rate(epoch_seconds: list[float], batch: int, steps: int) -> float:
+    return statistics.median(batch * steps / s for s in epoch_seconds[1:])  # the first traces
+
+
+def _result(rates: dict, replicas: int) -> dict:
+    import keras_mgpu_plugins as kmp
+
+    return {"rates": rates, "replicas": replicas, "worker": kmp.topology().worker_index}
 
 
 if __name__ == "__main__":

@@ -73,8 +73,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     topology = kmp.topology()  # starts nothing
     gpus = [d for d in topology.local_devices if d.startswith("GPU")]
-    if _keras_backend() == "torch" and not topology.is_multi_worker:
-        # One device per process on torch: this same function on `--devices` processes.
+    if _keras_backend() == "torch" and not topology.is_multi_worker and not os.environ.get(
+            "KMP_LAUNCH_WORKER"):
+        # One device per process on torch: this same function on `--devices` processes
+        # (unless a launcher started this process already: `kmp-launch -n 1`, kmp-verify).
         argv = sys.argv[1:] if argv is None else argv
         return kmp.launch(main, num_workers=args.devices, args=(argv,))[0]
     if len(gpus) < 2 and not topology.is_multi_worker:  # (kmp-launch -n N: a device each)
@@ -96,15 +98,28 @@ def main(argv=None) -> dict:
         ),
         kmp.callbacks.EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True),
         kmp.callbacks.WeightSyncVerifier(),
-        kmp.callbacks.DeviceMetricsLogger(batch_size=BATCH_SIZE),  # samples/s on every backend
+        # step_time/mean_ms and samples/s in the logs on every backend (its end-of-run table
+        # of every device: summary=True)
+        kmp.callbacks.DeviceMetricsLogger(batch_size=BATCH_SIZE, summary=False),
     ]
     history = model.fit(
         x, y, batch_size=BATCH_SIZE, epochs=epochs, validation_data=(x_val, y_val),
         callbacks=callbacks, verbose=2,
     )
     loss, accuracy = model.evaluate(x_val, y_val, batch_size=BATCH_SIZE, verbose=0)
+    print(timing(history.history))
     print(f"validation accuracy {accuracy:.3f}; best checkpoint: {os.path.join(out, 'best.keras')}")
     return {"history": history.history, "val_accuracy": accuracy, "out": out}
+
+
+def timing(logs: dict) -> str:
+    """Why Keras's "ms/step" and kmp's `step_time/mean_ms` differ (both in the lines above)."""
+    step_ms, rate = logs["step_time/mean_ms"][-1], logs["throughput/samples_per_sec"][-1]
+    per_replica = logs.get("throughput/samples_per_sec_per_replica", [float("nan")])[-1]
+    return (f"Last epoch: {step_ms:.1f} ms per training step (step_time/mean_ms: from one "
+            f"training step's start to the next's), {rate:.0f} samples/s ({per_replica:.0f} per "
+            f"replica); Keras's ms/step is the epoch's wall time over its steps, so it also "
+            f"counts validation, the callbacks and, in epoch 1, compiling the step")
 
 
 def _keras_backend() -> str:

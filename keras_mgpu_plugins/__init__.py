@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from keras_mgpu_plugins.model_parallel import PlacementReport, placement_report
     from keras_mgpu_plugins.multi_gpu import multi_gpu_model
     from keras_mgpu_plugins.parallelize import parallelize
+    from keras_mgpu_plugins.verify import VerifyReport, verify
 
 __all__ = [
     "PlacementReport",
@@ -37,6 +38,8 @@ __all__ = [
     "runtime",
     "simulate_devices",
     "topology",
+    "verify",
+    "VerifyReport",
 ]
 
 _LAZY = {
@@ -50,13 +53,15 @@ _LAZY = {
     "collective": ("keras_mgpu_plugins.collective", None),
     "compat": ("keras_mgpu_plugins.compat", None),
     "runtime": ("keras_mgpu_plugins.runtime", None),
+    "verify": ("keras_mgpu_plugins.verify", "verify"),
+    "VerifyReport": ("keras_mgpu_plugins.verify", "VerifyReport"),
     # Modules reached as attributes in user code (`kmp.strategy.StrategyError`): loaded on use.
     "strategy": ("keras_mgpu_plugins.strategy", None),
     "devices": ("keras_mgpu_plugins.devices", None),
 }
 
 #: Lazy names that load without Keras (the registry and the launcher import it on use).
-_NEEDS_NO_KERAS = frozenset({"compat", "launch", "runtime"})
+_NEEDS_NO_KERAS = frozenset({"compat", "launch", "runtime", "verify", "VerifyReport"})
 
 
 def __getattr__(name: str) -> Any:

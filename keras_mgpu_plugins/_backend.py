@@ -22,6 +22,9 @@ from types import ModuleType
 #: The frameworks behind Keras's backends, and kmp's extra that installs each.
 _EXTRAS = {"tensorflow": "tensorflow", "jax": "jax", "jaxlib": "jax", "torch": "torch"}
 
+#: Each Keras backend's lane, as kmp's messages and docs name it.
+LANES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+
 _dispatch: list[Callable[[], ModuleType]] = []
 
 
@@ -43,6 +46,13 @@ def active() -> ModuleType:
             "Keras backend. Import keras_mgpu_plugins (its __init__ imports it) before "
             "calling kmp's parts.")
     return _dispatch[0]()
+
+
+def lane() -> str:
+    """The lane of the active Keras backend, as messages name it (`"TensorFlow"`, `"JAX"`,
+    `"torch"`; another backend by Keras's own name)."""
+    name = require_keras().backend.backend()
+    return LANES.get(name, name)
 
 
 def require_keras() -> ModuleType:

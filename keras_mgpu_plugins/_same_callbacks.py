@@ -111,9 +111,11 @@ def install() -> None:
 
     The check runs as the first callback's `on_train_begin`, before any other
     callback's collective and any training step. Keras's `CSVLogger` and
-    `TensorBoard` are given to the chief's `fit` only. `fit` outside a multi-worker
-    strategy is unchanged. Applies the registered patch
-    `same_callbacks_on_every_worker` (`kmp.compat.PATCHES`).
+    `TensorBoard` are given to the chief's `fit` only. A `fit` given callbacks, of a
+    model that would train apart on each of the job's processes, is refused before it
+    starts (`runtime.apart`); any other `fit` outside a multi-worker strategy is
+    unchanged. Applies the registered patch `same_callbacks_on_every_worker`
+    (`kmp.compat.PATCHES`).
     """
     from keras_mgpu_plugins.compat import _registry
 
@@ -142,12 +144,18 @@ def wrap_fit() -> Any:
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         from keras_mgpu_plugins import runtime
+        from keras_mgpu_plugins.runtime import apart
 
-        if not runtime.of(self).spans_workers:
-            return original(self, *args, **kwargs)
+        here = runtime.of(self, refuse_apart=False)
         bound = signature.bind(self, *args, **kwargs)
-        given = list(bound.arguments.get("callbacks") or [])
-        kept = _keras_writers.for_this_worker(given, runtime.of(self).is_chief)
+        given = apart.given_callbacks(bound.arguments.get("callbacks"))
+        if not here.spans_workers:
+            if given:
+                apart.check(self, here)  # callbacks would act for a job of separate models
+            _keras_writers.check_installed(given)
+            return original(self, *args, **kwargs)
+        _keras_writers.check_installed(given)  # on every worker alike: before any collective
+        kept = _keras_writers.for_this_worker(given, here.is_chief)
         bound.arguments["callbacks"] = [SameCallbacks(given), *kept]
         return original(*bound.args, **bound.kwargs)
 

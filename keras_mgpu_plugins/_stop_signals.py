@@ -6,15 +6,18 @@ forwards the SIGTERM or SIGUSR1 it receives to every worker. Here a stop signal 
 kills a worker in the middle of a step:
 
 - during a `fit` with `kmp.callbacks.BackupAndRestore` (`arm`ed): the signal is recorded
-  (`requested`); at its next check every worker agrees on it in a collective (one worker
-  that got it is enough), the backup is written at that step, and every worker raises
+  (`requested`); at the workers' next check (`callbacks._stopping.Checks`: at most
+  `stop_check_interval` seconds apart) every worker learns it (one worker that got it is
+  enough), the backup is written at that step, and every worker raises
   `errors.TrainingStopped` with `STOPPED_EXIT_CODE` (75): run again to resume;
 - otherwise: the worker says that nothing was saved and how to save, and raises
   `TrainingStopped` with `128 + signal` (143 for SIGTERM), a clean exit (every `finally`
   runs) where the default action would kill it mid-step.
 
 A second stop signal while a backup is being written is said and ignored: the worker
-exits once the backup is whole. A signal the launcher sends to stop its workers itself
+exits once the backup is whole. Under `kmp-launch` a worker whose `fit` saves at a signal
+says so in the job folder (`SAVING`), so that the launcher, forwarding a signal, says what
+will happen: a stop at an agreed step, saved, or a stop with nothing saved. A signal the launcher sends to stop its workers itself
 (after a failure, at its timeout, on Ctrl-C) is no request: it first writes `HARD_STOP`
 in the job folder (`KMP_JOB_DIR`) and the worker then ends as the signal's default
 action would.
@@ -44,10 +47,15 @@ from keras_mgpu_plugins.errors import TrainingStopped
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
 #: The file the launcher writes in the job folder before it stops its workers itself.
 HARD_STOP = "stop-now"
+#: A worker's file in the job folder while it runs a `fit` that saves at a stop signal.
+SAVING = "saving-{index}"
+#: Seconds the job gets after a stop signal before it is killed (set by `kmp-launch`
+#: from `--stop-grace`; export it in a scheduler's job to have it checked there).
+STOP_GRACE_ENV = "KMP_STOP_GRACE"
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"request": None, "armed": False, "repeats": 0}
+_state: dict[str, Any] = {"request": None, "armed": False, "repeats": 0, "plan": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,17 +142,95 @@ def arm() -> None:
     `on_train_end`), and the signal stops the process as unarmed."""
     with _lock:
         _state["armed"], _state["armed_in_fit"] = True, _in_fit(sys._getframe(1))
+        _state["plan"] = None
+    _mark_saving(True)
 
 
 def disarm() -> None:
     """That `fit` ended: a signal stops the process again; a pending request is dropped."""
     with _lock:
         _state["armed"], _state["request"], _state["repeats"] = False, None, 0
+        _state["plan"] = None
+    _mark_saving(False)
+
+
+def plan(describe: Callable[[], str] | None) -> None:
+    """How the armed `fit` says when it acts on a signal (`"at the workers' next check, in
+    12 steps ..."`), for the handler's message."""
+    _state["plan"] = describe
+
+
+def stop_grace(environ: Any = None) -> float | None:
+    """The job's stop grace in seconds (`STOP_GRACE_ENV`), or `None` where not given.
+
+    Raises:
+        ValueError: For a value that is not a positive number of seconds.
+    """
+    text = (os.environ if environ is None else environ).get(STOP_GRACE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{STOP_GRACE_ENV} must be a positive number of seconds. Received: "
+                         f"{STOP_GRACE_ENV}={text!r}")
+    return value
+
+
+def saving_workers(job_dir: str) -> list[int]:
+    """The workers of a `kmp-launch` job running a `fit` that saves at a stop signal now."""
+    prefix = SAVING.split("{", 1)[0]
+    try:
+        names = os.listdir(job_dir)
+    except OSError:
+        return []
+    return sorted(int(n[len(prefix):]) for n in names
+                  if n.startswith(prefix) and n[len(prefix):].isdigit())
+
+
+def _mark_saving(saving: bool) -> None:
+    job_dir, index = os.environ.get("KMP_JOB_DIR"), os.environ.get("KMP_WORKER_INDEX")
+    if not job_dir or not index:
+        return
+    path = os.path.join(job_dir, SAVING.format(index=index))
+    with contextlib.suppress(OSError):
+        if saving:
+            with open(path, "w"):
+                pass
+        else:
+            os.remove(path)
 
 
 def requested() -> Request | None:
-    """The stop signal received during the armed `fit`, if any."""
+    """The stop signal received during the armed `fit`, if any (or a notice a `watch`ed source
+    gave: it counts as SIGTERM)."""
+    if _state["request"] is None:
+        for source in list(_state.get("sources", ())):
+            notice = source()
+            if notice:
+                say(f"{who()}: {notice}: training stops at the next step every worker agrees "
+                    "on, once BackupAndRestore has saved that step.")
+                _state["request"] = Request(int(signal.SIGTERM), notice, time.time())
+                break
     return _state["request"]
+
+
+def watch(source: Callable[[], str | None]) -> Callable[[], None]:
+    """Asks `source` at each check of a `fit` that saves (where no handler can be installed:
+    Ray Train runs `fit` in a thread) for a stop notice (a text naming it, or `None`); returns
+    the undo. Every worker asks at the same checks, so a source may be a collective."""
+    with _lock:
+        _state.setdefault("sources", []).append(source)
+
+    def undo() -> None:
+        with _lock:
+            if source in _state.get("sources", ()):
+                _state["sources"].remove(source)
+            _state["request"] = None
+
+    return undo
 
 
 def who() -> str:
@@ -203,8 +289,13 @@ def _handle(signum: int, frame: Any) -> None:
         elif armed:
             _state["repeats"] += 1
     if armed and first:
-        say(f"{who()} received {name(signum)}: training stops at the next step every worker "
-            "agrees on, once BackupAndRestore has saved that step.")
+        describe = _state.get("plan")
+        try:
+            when = describe() if describe is not None else "at the workers' next check"
+        except Exception:  # noqa: BLE001 - a message must never fail the handler
+            when = "at the workers' next check"
+        say(f"{who()} received {name(signum)}: training stops {when}, once "
+            "BackupAndRestore has saved that step.")
     elif armed:
         say(f"{who()} received {name(signum)} again: already stopping; the worker exits once "
             "the backup is whole (SIGKILL ends it now, keeping the previous backup).")

@@ -31,6 +31,9 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
         RuntimeAlreadyStartedError: If the backend's runtime already started
             (a different split is asked for than the one in force).
 
+    In a run of `kmp-verify` the run's own count is split instead of `n` (one device for
+    its one-device runs), and nothing with processes (one device each).
+
     Example:
         >>> import keras_mgpu_plugins as kmp
         >>> kmp.simulate_devices(2)
@@ -38,7 +41,13 @@ def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """
     check_split(n, memory_limit_mb)
     from keras_mgpu_plugins import _backend
+    from keras_mgpu_plugins.verify import _config as verify_run
 
+    run = verify_run.current()  # a kmp-verify run splits as the run says, not as the script
+    if run is not None and run.workers > 1:
+        return list(_backend.active().local_device_names())  # a process per device
+    if run is not None:
+        n = run.devices
     return _backend.active().simulate_devices(n, memory_limit_mb)
 
 

@@ -25,6 +25,16 @@ class TopologyError(ValueError):
     """The environment describes a cluster that cannot be used."""
 
 
+class SeparateModelsError(RuntimeError):
+    """Each process of a job of several would train a model of its own (`runtime.apart`).
+
+    Raised on every process, before the first step, by a `fit` that kmp's callbacks (or,
+    once kmp joined the job, any callbacks) act for, of a model that does not train as one
+    with the job's other processes: not built by `@kmp.parallelize`, nor under the job's
+    own distribution.
+    """
+
+
 class StrategyError(RuntimeError):
     """A strategy cannot be created as asked (`kmp.strategy.StrategyError`)."""
 
@@ -63,6 +73,11 @@ class UncheckedVersionError(RuntimeError):
     name kmp relies on is at none of its known places (`kmp.compat.report()` says which).
     Also `kmp.compat.UncheckedVersionError`.
     """
+class KerasTooOldError(RuntimeError):
+    """The installed Keras predates the oldest one kmp distributes with (Keras 3.10), on any
+    lane: raised where kmp starts to distribute, naming the upgrade (`compat._policy`)."""
+
+
 #: Exit code of a job that a stop signal stopped after `kmp.callbacks.BackupAndRestore` saved
 #: its state at the step every worker agreed on (sysexits' EX_TEMPFAIL: "try again later"):
 #: run the same command again to resume. Schedulers requeue on it (docs/preemption.md).

@@ -7,6 +7,7 @@ The arguments are checked here; the active Keras backend's folder does the rest
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -30,6 +31,7 @@ def parallelize(
     variable_partitioner: Any = "auto",
     min_shard_bytes: int | None = None,
     max_shards: int | None = None,
+    random_layers: str = "per_replica",
 ) -> Callable[[F], F]: ...
 
 
@@ -45,6 +47,7 @@ def parallelize(
     variable_partitioner: Any = "auto",
     min_shard_bytes: int | None = None,
     max_shards: int | None = None,
+    random_layers: str = "per_replica",
 ) -> Any:
     """Decorates a model factory so its model is built and compiled for several devices.
 
@@ -105,6 +108,13 @@ def parallelize(
             (default 256 KiB, TensorFlow's advice).
         max_shards: For `variable_partitioner="auto"`: the most shards of one variable
             (default: the number of parameter servers).
+        random_layers: `"per_replica"` (default): a Dropout, GaussianNoise or random
+            augmentation layer draws on each replica (TensorFlow) or process (torch) for
+            its own rows, other numbers than one device draws for the same rows.
+            `"one_device"`: each draws one device's numbers for the global batch and keeps
+            its rows, so N devices train as one device (one small all-gather and an N times
+            larger draw per random layer and step). JAX draws over the global batch
+            either way. In kmp-verify's runs it is `"one_device"`.
 
     Returns:
         The wrapped factory (same name, docstring and arguments), or a
@@ -132,12 +142,53 @@ def parallelize(
             "parallelize takes a model factory (a callable) or keyword arguments. "
             f"Received: {factory!r}. Did you mean parallelize(strategy={factory!r})?"
         )
-    from keras_mgpu_plugins import _backend
+    from keras_mgpu_plugins import _backend, _fail_fast, _random_layers
     from keras_mgpu_plugins.cluster.partition import Partition
+    from keras_mgpu_plugins.integrations import ray as ray_train
+    from keras_mgpu_plugins.verify import _config as verify_run
+
+    _random_layers.check(random_layers)
+    if "ray.train" in sys.modules:  # a Ray Train worker: one job, or a clear error
+        import keras
+
+        from keras_mgpu_plugins.cluster.topology import topology
+
+        ray_train.check_job(topology().num_workers, keras.backend.backend())
+
+    _fail_fast.install_if_job()  # a process that raises must not keep its peers waiting
 
     partition = Partition(variable_partitioner, min_shard_bytes, max_shards)
     extra = {} if partition.is_default else {"partition": partition}
-    return _backend.active().parallelize_factory(
+    decorated = _backend.active().parallelize_factory(
         factory, strategy=strategy, devices=devices, require_compiled=require_compiled,
         micro_batches=micro_batches, sync_batchnorm=sync_batchnorm, layout_map=layout_map,
         **extra)
+    run = verify_run.current()  # a process of a kmp-verify run: its models are marked
+    one_device = random_layers == "one_device" or (run is not None and run.random_layers ==
+                                                   "one_device")
+    if run is None and not one_device:
+        return decorated
+    return _each_model(decorated, factory is None, run is not None, one_device)
+
+
+def _each_model(decorated: Any, is_decorator: bool, verifying: bool, one_device: bool) -> Any:
+    """`decorated` (the wrapped factory, or the decorator), whose models draw one device's
+    random numbers (`random_layers`) and, in a kmp-verify run, are marked as built by kmp
+    and have their random layers note their rows (the noise run keeps their numbers)."""
+    import functools
+
+    def wrap(factory: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(factory)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from keras_mgpu_plugins import _random_layers
+            from keras_mgpu_plugins.verify import _config as verify_run
+
+            with verify_run.Building():
+                model = factory(*args, **kwargs)
+            if one_device or verifying:
+                _random_layers.draw_as_one_device(model, one_device)
+            return verify_run.mark_built(model) if verifying else model
+
+        return wrapper
+
+    return (lambda fn: wrap(decorated(fn))) if is_decorator else wrap(decorated)

@@ -72,8 +72,18 @@ def prepare(create_strategy: bool, stall_timeout: float | None = None) -> None:
         _backend.active().serve_parameter_server(plan)  # never returns
     if create_strategy:  # TensorFlow: the multi-worker strategy; JAX: jax.distributed
         from keras_mgpu_plugins import _backend
+        from keras_mgpu_plugins.compat import _policy
+
+        _policy.check()  # every lane's version policy, before Keras is imported
 
         _backend.active().join_job()
+    from keras_mgpu_plugins.verify import _config as verify_run
+
+    verify = verify_run.current()
+    if verify is not None:  # a process of a kmp-verify run: seeded, recorded
+        from keras_mgpu_plugins.verify import _hooks
+
+        _hooks.install(verify)
     # After the runtime's own SIGTERM notifier: a stop signal ends the worker cleanly, or
     # (in a fit with BackupAndRestore) at the step the workers agree on, saved.
     _stop_signals.install(_stop_signals.parse(_stop_signals.DEFAULT_SIGNALS))

@@ -34,12 +34,60 @@ def pytest_configure(config):
         kmp.simulate_devices(NUM_SIMULATED_DEVICES)
 
 
+#: `full`: `python -m pytest` without a path runs every test, as with `tests` given.
+TIER = "KMP_TESTS_TIER"
+
+
+def _fast_tier_only(config) -> bool:
+    """No path, no `-m`, no `-k` given (README's command 2): the fast tier alone (`tests/tiers.py`)."""
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.markexpr and not config.option.keyword
+            and os.environ.get(TIER, "fast") != "full" and os.environ.get(REAL_DEVICES) != "1")
+
+
+def _backend() -> str:
+    import keras
+
+    return keras.backend.backend()
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast tier collects its own files only (and none of another lane's)."""
+    if not _fast_tier_only(config) or collection_path.is_dir():
+        return None
+    from tests import tiers
+
+    relative = collection_path.relative_to(config.rootpath).as_posix()
+    if relative.startswith("tests/") and collection_path.name.startswith("test_"):
+        return relative not in tiers.fast_tier_files(_backend()) or None
+    return None
+
+
+def pytest_report_header(config):
+    if _fast_tier_only(config):
+        return (f"the fast tier of the {_backend()} lane (tests/tiers.py); every test: "
+                "python -m pytest -q tests")
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run only in the GPU run (`KMP_TESTS_REAL_DEVICES=1`), where they
-    skip themselves without a GPU unless it is the run's CPU dry run."""
+    """Marks the fast tier's tests `fast` (and keeps them alone without a path: README's
+    command 2). Tests marked `gpu` run only in the GPU run (`KMP_TESTS_REAL_DEVICES=1`), where
+    they skip themselves without a GPU unless it is the run's CPU dry run."""
+    from tests import tiers
+
+    backend = _backend()
+    for item in items:
+        if tiers.in_fast_tier(item.nodeid, backend):
+            item.add_marker(pytest.mark.fast)
+    if _fast_tier_only(config):
+        deselected = [item for item in items if item.get_closest_marker("fast") is None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.get_closest_marker("fast") is not None]
     if os.environ.get(REAL_DEVICES) == "1":
         return
-    import pytest
 
     skip = pytest.mark.skip(reason="needs a GPU: run by benchmarks/gpu/run.py "
                                    f"({REAL_DEVICES}=1)")

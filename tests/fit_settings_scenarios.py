@@ -438,8 +438,19 @@ def step_loop_collectives(strategy, steps_per_execution=4):
         per_step = sum(count(library[loops[0].attr[a].func.name].node_def) for a in ("cond", "body"))
         return {"per_step": per_step, "per_execution": count(graph.node) - per_step}
 
-    return {"checked": counted(model.train_function._kmp_step_loop),
-            "full_batches": counted(model.train_function._kmp_full_batch_loop)}
+    found = {"checked": counted(model.train_function._kmp_step_loop),
+             "full_batches": counted(model.train_function._kmp_full_batch_loop)}
+    single = kmp.parallelize(strategy=strategy)(model_factory(1))()
+    single.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    step = single.train_function._kmp_single_step.get_concrete_function(iterator, tf.constant(True))
+    graph = step.graph.as_graph_def()
+    library.update({f.signature.name: f for f in graph.library.function})
+    fetch = [n for n in graph.node if n.op in ("If", "StatelessIf")]  # full batch, or checked
+    assert len(fetch) == 1, [n.op for n in graph.node]
+    found["single"] = {"step": count([n for n in graph.node if n is not fetch[0]]),
+                       **{k: count(library[fetch[0].attr[b].func.name].node_def)
+                          for k, b in (("full_fetch", "then_branch"), ("checked_fetch", "else_branch"))}}
+    return found
 
 
 def recompile_outside_scope_run(strategy):
@@ -466,12 +477,13 @@ def full_batch_executions_run(strategy):
     """Executions of full batches fetch without TensorFlow's per-step input check.
 
     A partial last batch (42 rows, batch 4), then `steps_per_epoch` keeping one iterator
-    over several epochs. `claims`: for each execution, whether it went the way without
+    over several epochs, then one step per execution (`single`: 10 full batches, a partial). `claims`: for each execution, whether it went the way without
     the check (recorded where kmp's loop runs: under a distributing strategy).
     `uneven`: then arrays of 40 rows on worker 0 and 38 on the others (10 full batches
     against 9 and a partial one: as many steps), whose claims must agree.
     """
     import keras_mgpu_plugins as kmp
+    from keras_mgpu_plugins.backends.tensorflow.patches import input_check as _compat_input
     from keras_mgpu_plugins.backends.tensorflow.patches import trainer as _compat_trainer
 
     claims = []
@@ -481,7 +493,7 @@ def full_batch_executions_run(strategy):
         claims.append(claim(iterator, n, strategy))
         return claims[-1]
 
-    _compat_trainer.claim_full_batches = recording
+    _compat_trainer.claim_full_batches = _compat_input.claim_full_batches = recording
     try:
         x, y = make_data(rows=42)
         model = kmp.parallelize(strategy=strategy)(model_factory(4))()
@@ -493,11 +505,19 @@ def full_batch_executions_run(strategy):
         result = {"weights": model.get_weights(), "histories": [partial.history, kept.history],
                   "claims": list(claims)}
         claims.clear()
+        with model.distribute_strategy.scope():  # one step per execution: 10 full, a partial
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=1)
+        single = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        result["single"] = {"claims": list(claims), "weights": model.get_weights(),
+                            "history": single.history}
+        claims.clear()
+        with model.distribute_strategy.scope():
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
         rows = 40 if kmp.topology().worker_index == 0 else 38
         model.fit(x[:rows], y[:rows], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
         result["uneven"] = {"claims": list(claims), "weights": model.get_weights()}
     finally:
-        _compat_trainer.claim_full_batches = claim
+        _compat_trainer.claim_full_batches = _compat_input.claim_full_batches = claim
     return result
 
 

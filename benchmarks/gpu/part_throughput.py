@@ -137,9 +137,10 @@ def compare(kind: str, size: dict, flops: bool) -> dict:
             model.fit(models.Batches(xs, ys, steps), epochs=1, verbose=0, callbacks=callbacks)
             return time.perf_counter() - start, spent
 
-        # Keras-JAX compiles the train step at the first fit, and again at the second fit
-        # of a model under a distribution (its metrics' variables, reset, lose their mesh
-        # type; plain Keras DataParallel too, JAX 0.10): two warm-up fits each.
+        # Two warm-up fits each: a DataParallel of one device compiled the train step again
+        # at the second epoch (its metrics' variables, reset, lose their mesh type; plain
+        # Keras DataParallel too, JAX 0.10). kmp on one device now trains as plain Keras
+        # does, with no distribution (tests/jax/test_compilations.py counts them).
         first = {side: [fit(side, size["min_steps"])[0] for _ in range(2)] for side in built}
         probe = fit("plain", size["min_steps"])[0] / size["min_steps"]
         steps = max(size["min_steps"], int(size["fit_seconds"] / probe))

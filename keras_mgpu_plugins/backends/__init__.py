@@ -8,6 +8,11 @@ it). Each backend package offers the same small set of functions, importing its
 framework only when one is called:
 
 - `runtime_of(model)`: the `kmp.runtime.Runtime` the model trains under;
+- `apart(model)`: why `model` would train a separate model on each of the job's processes
+  (not built under the job's distribution), in the lane's words, or `None` where it trains
+  as one with them (`runtime.apart` decides the rest);
+- `saving_in_a_job()`: what saving the model takes in a job of several processes on this
+  lane, in its words (messages that refuse a writer without rank logic);
 - `simulate_devices(n, memory_limit_mb)`: split this process's device (`kmp.simulate_devices`);
 - `local_device_names()`: this process's devices, e.g. `("GPU:0", "GPU:1")`;
 - `gpu_memory()`: this process's GPUs and their allocators (`samplers.gpu.GPUMemory`:
@@ -25,11 +30,15 @@ framework only when one is called:
 - `serve_parameter_server(topology)` (TensorFlow only: `run.prepare` refuses parameter
   servers on other backends first): a worker or parameter server of a parameter-server
   cluster runs TensorFlow's server and never returns;
+- `row_span(rows)`: in a distributed step, where this replica's (or process's) `rows` of the
+  global batch start and how many rows it has, `(offset, total)`, else `None`
+  (`kmp.parallelize(random_layers="one_device")`);
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
-  torch process group it started itself), else `None` (`kmp.topology()` asks it).
-- `rng_state()` / `set_rng_state(state)`: the state (bytes) of the framework's global
-  random generators where Keras draws from them (torch: an unseeded Dropout, the shuffle of
-  one process), else `None` (`kmp.callbacks.BackupAndRestore` backs it up);
+  torch process group it started itself), else `None` (`kmp.topology()` asks it);
+- `random_state()`, `set_random_state(state)`: the framework's own global generators that
+  Keras draws from (torch: its `DataLoader` shuffle, an unseeded Dropout's masks), as JSON
+  values, or `None` where there is none; `BackupAndRestore` records them at each epoch's
+  start and at the backup's step;
 - `drop_fed(model, count)`: `count` batches kmp fed were drawn and not trained (a resumed
   epoch's first): what kmp kept for their steps is dropped (torch's `StepInfo`s).
 """

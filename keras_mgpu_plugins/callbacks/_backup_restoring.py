@@ -98,18 +98,15 @@ class Restoring:
         self._check_split = world.get("replicas", here.replicas_in_sync) != here.replicas_in_sync
         if "seed_generators" in saved:
             training.set_seed_generators(self.model, saved["seed_generators"], self.backup_dir)
-        if saved.get("numpy_rng"):
-            training.set_numpy_rng(saved["numpy_rng"])
-        training.set_data_order(saved.get("data_order"))
-        training.set_framework_rng(saved.get("framework_rng"), "epoch_start", here)
+        training.set_epoch_start(saved)
         if state.batches_done:  # mid-epoch: its trained batches are drawn, seen by nothing
-            self._undo_skip = self._skip(state, saved.get("framework_rng"), here)
+            self._undo_skip = self._skip(state, saved, here)
         compat.set_initial_epoch(self.model, state.epoch)
-        self._current_epoch = state.epoch
+        self._current_epoch, self._resumed_at = state.epoch, state.batches_done
         self._batches_seen_since_last_saving = 0
         self._last_batch_seen = max(state.batches_done - 1, 0)  # as after that backup
 
-    def _skip(self, state: BackupState, rng: dict | None, here: runtime.Runtime) -> Any:
+    def _skip(self, state: BackupState, saved: dict, here: runtime.Runtime) -> Any:
         """Makes the resumed epoch start at the backup's batch (`compat.skip_trained_batches`);
         returns the undo.
 
@@ -121,7 +118,7 @@ class Restoring:
 
         def then() -> None:  # the batches are drawn: the next step is the first trained
             training.drop_fed(self.model, done)
-            training.set_framework_rng(rng, "now", here)
+            training.set_backend_rng_now(saved, here)
 
         undo = compat.skip_trained_batches(self.model, done, then)
         if undo is None:

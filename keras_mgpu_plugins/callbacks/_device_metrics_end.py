@@ -34,8 +34,10 @@ def gather_series(thread: Any, t0: float, max_devices: int, runtime: Any) -> np.
 def finish(callback: Any, series: np.ndarray | None) -> None:
     """The chief's plot (of `gather_series`'s `series`) and summary table, as `callback` (the `DeviceMetricsLogger`) asks."""
     if series is not None:
+        from keras_mgpu_plugins import _backend
+
         plot_run(callback.plot, series[0, :, 0], series[:, :, 1:], callback._all_names,
-                 callback._epoch_ends)
+                 callback._epoch_ends, framework=_backend.lane())
     if callback.summary:
         seconds, batches = concat(callback._run_intervals)
         records = callback.records

@@ -127,6 +127,35 @@ def decide(reports: Mapping[int, Report | None], num_workers: int, timeout: floa
     return Verdict(stuck, "\n".join(lines))
 
 
+def decide_alone(report: Report, worker: int, timeout: float, now: float) -> Verdict | None:
+    """Whether this worker, which reads no other worker's heartbeat (no folder every worker
+    can read: a job a scheduler started on several hosts), is stalled.
+
+    Only its own progress is known, so it names only itself: outside its framework (in
+    Python: a callback, the input, a deadlock) for `timeout` seconds, it is stuck; inside it
+    (a step, a collective: possibly waiting for a peer stuck elsewhere, which then fails
+    first and ends the job) it fails only after twice `timeout`, as a worker that waited.
+    """
+    if report.state in ("finished", "busy"):
+        return None
+    idle = report.idle_at(now)
+    alone = ("Each worker judges only its own progress here: no folder every worker can read "
+             "(pass StallWatchdog(directory=...) on a file system every worker shares to "
+             "name the stuck worker from every worker).")
+    if not report.inside_tf and idle >= timeout:
+        return Verdict((worker,), (
+            f"StallWatchdog: worker {worker} made no progress for {timeout:g} seconds "
+            f"(timeout={timeout:g}); stuck: worker {worker}\n  worker {worker}: stuck "
+            f"{report.where}; no progress for {idle:.0f} s after {report.progress} progress "
+            f"events.\n  {alone}"))
+    if report.inside_tf and idle >= 2 * timeout:
+        return Verdict((), (
+            f"StallWatchdog: worker {worker} made no progress for {idle:.0f} seconds, twice "
+            f"timeout={timeout:g}, waiting {report.where}: a peer is stuck or gone, or a "
+            f"collective no peer joined.\n  {alone}"))
+    return None
+
+
 class Board:
     """Heartbeats of every worker: files in `directory`, or in memory without one."""
 

@@ -61,6 +61,11 @@ def _framework_folders() -> dict[str, str]:
         path = getattr(sys.modules.get(package), "__file__", None)
         if path:
             folders[os.path.join(os.path.dirname(path), "")] = _LABELS.get(package, package)
+    if folders:  # Keras's layer over it: a thread blocked there waits in the framework's
+        # native code (`np.asarray` of a JAX array whose step waits in a collective)
+        path = getattr(sys.modules.get(f"keras.src.backend.{name}"), "__file__", None)
+        if path:
+            folders[os.path.join(os.path.dirname(path), "")] = next(iter(folders.values()))
     return folders
 
 

@@ -45,18 +45,24 @@ class _Watch:
             frame = sys._current_frames().get(self.training_thread)
             if frame is None or not _on_stack(self.fit_code, frame):
                 break  # fit ended without on_train_end (it raised): nothing to watch
-            self.board.publish(self._report(frame))
+            report = self._report(frame)
+            self.board.publish(report)
             message = self.board.stall()
             if message is None:
-                verdict = _stall.decide(
-                    self.board.read(self.num_workers, since=self.started - 5.0),
-                    self.num_workers, self.timeout, time.time(), time.time() - self.started)
+                verdict = self._verdict(report)
                 if verdict is None:
                     continue
                 message = self.board.claim(verdict.message)
             self._fail(message)
         self.board.publish(_stall.Report(self.worker, 0.0, time.time(), _clock.count,
                                          "finished", False, "finished"))
+
+    def _verdict(self, report: _stall.Report) -> _stall.Verdict | None:
+        if self.board.directory is None and self.num_workers > 1:  # no peer's heartbeat
+            return _stall.decide_alone(report, self.worker, self.timeout, time.time())
+        return _stall.decide(self.board.read(self.num_workers, since=self.started - 5.0),
+                             self.num_workers, self.timeout, time.time(),
+                             time.time() - self.started)
 
     def _report(self, frame: Any) -> _stall.Report:
         busy, inside_tf, where = _stall.locate(frame)

@@ -7,14 +7,17 @@ count too). The backup's metadata (`BackupState.training`, JSON) adds:
 - `seed_generators`: the state of every `keras.random.SeedGenerator` of the model
   (Dropout's masks, random augmentation layers), the variables `model.variables` holds
   beyond `model.weights` (which Keras's weights file leaves out);
-- `numpy_rng`: NumPy's global random state at the start of the epoch to resume: Keras
-  draws its shuffle of arrays (JAX, one process) from it at each epoch's start;
+- `numpy_rng`, `python_rng`, `backend_rng`: NumPy's, Python's and (torch) the backend's
+  global random states at the start of the epoch to resume: Keras, and kmp on several
+  processes as Keras does (`inputs.shuffle`), draw the shuffle of arrays (NumPy's on JAX,
+  torch's on torch) and of a `PyDataset`'s batches (Python's) from them at each epoch's
+  start;
 - `data_order`: the state of kmp's own shuffled feeding at that epoch's start
   (`_data_order`: several processes, JAX or torch), so the resumed epochs see the rows in the
   order of the uninterrupted run whatever seed the new `fit` drew;
-- `framework_rng` (torch): every worker's state of torch's global random generators, at the
-  epoch's start and at the backup's step (`backends.torch.resume`): an unseeded Dropout draws
-  its masks from them, Keras's shuffle of arrays in one process its order;
+- `backend_rng_now` (torch): every worker's state of torch's global random generators at
+  the backup's step (`backends.torch.resume`): an unseeded Dropout draws its masks from
+  them, so a resumed epoch gives them back once its trained batches are drawn;
 - `structure`: the model's weights (path, shape) and its optimizer (class, variables):
   a backup of another model or optimizer is refused with `BackupMismatchError` before
   Keras would load part of it (Keras skips an optimizer of another kind with a warning);
@@ -29,7 +32,7 @@ an order (interrupted or not).
 
 from __future__ import annotations
 
-import base64
+import json
 from typing import Any
 
 import numpy as np
@@ -82,6 +85,49 @@ def set_numpy_rng(state: list) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
+def python_rng() -> list:
+    """Python's `random` state (`random.getstate()`) as JSON values."""
+    import random
+
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_python_rng(state: list) -> None:
+    import random
+
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def backend_rng() -> list | None:
+    """The active backend's global random state where its Keras draws from one (torch's
+    generator: its `DataLoader` shuffle), as JSON values; `None` elsewhere."""
+    return _backend.active().random_state()
+
+
+def set_backend_rng(state: list | None) -> None:
+    if state is not None:
+        _backend.active().set_random_state(state)
+
+
+def epoch_start() -> dict:
+    """The random states and data order a backup taken within the epoch that starts now
+    resumes with (read before the epoch's shuffle draws)."""
+    return {"numpy_rng": numpy_rng(), "python_rng": python_rng(),
+            "backend_rng": backend_rng(), "data_order": data_order()}
+
+
+def set_epoch_start(saved: dict) -> None:
+    """Gives back the random states `epoch_start` recorded (those present)."""
+    if saved.get("numpy_rng"):
+        set_numpy_rng(saved["numpy_rng"])
+    if saved.get("python_rng"):
+        set_python_rng(saved["python_rng"])
+    set_backend_rng(saved.get("backend_rng"))
+    set_data_order(saved.get("data_order"))
+
+
 def data_order() -> dict | None:
     """The state of kmp's feeding of the running `fit`, where it feeds it (`_data_order`)."""
     order = _data_order.current()
@@ -94,40 +140,26 @@ def set_data_order(state: dict | None) -> None:
         order.restore(state)
 
 
-def epoch_start() -> dict[str, Any]:
-    """What a backup within the epoch about to start resumes with, taken before its draws:
-    NumPy's random state, kmp's data order, this process's framework generators' state."""
-    return {"numpy_rng": numpy_rng(), "data_order": data_order(), "framework_rng": framework_rng()}
-
-
 def backup_extras(model: Any, here: Any, start: dict[str, Any], steps: Any) -> dict[str, Any]:
     """`BackupState.training` of a backup taken now (`start`: `epoch_start()` of its epoch).
-    Where the framework has global generators, every worker's state (two all-gathers)."""
-    extras = {"numpy_rng": start.get("numpy_rng"), "data_order": start.get("data_order"),
-              "seed_generators": seed_generators(model), "structure": structure(model),
+    Where the backend has global generators (torch), every worker's state now (one
+    all-gather across workers): the step after the backup draws from them."""
+    extras = {**start, "seed_generators": seed_generators(model), "structure": structure(model),
               "world": world(here.replicas_in_sync, here.num_workers, steps)}
-    now = framework_rng()
+    now = backend_rng()
     if now is not None:
-        mine = f"{start.get('framework_rng') or ''} {now}"
+        mine = json.dumps(now)
         every = here.gather_texts(mine) if here.spans_workers else [mine]
-        extras["framework_rng"] = {"epoch_start": [text.split(" ")[0] for text in every],
-                                   "now": [text.split(" ")[1] for text in every]}
+        extras["backend_rng_now"] = [json.loads(text) for text in every]
     return extras
 
 
-def framework_rng() -> str | None:
-    """This process's state of the framework's global random generators (base64), where Keras
-    draws from them (torch); `None` where it draws from none (TensorFlow, JAX)."""
-    state = _backend.active().rng_state()
-    return None if state is None else base64.b64encode(state).decode()
-
-
-def set_framework_rng(saved: dict | None, when: str, here: Any) -> None:
-    """Gives this worker's framework generators their state `when` ("epoch_start", "now")
-    of `saved` (`backup_extras`): where the backup's workers are these (elastic: left)."""
-    states = (saved or {}).get(when) or []
-    if len(states) == here.num_workers and states[here.worker_index]:
-        _backend.active().set_rng_state(base64.b64decode(states[here.worker_index]))
+def set_backend_rng_now(saved: dict, here: Any) -> None:
+    """Gives this worker's backend generators their state at the backup's step
+    (`backup_extras`), where the backup's workers are these (elastic: left as they are)."""
+    states = saved.get("backend_rng_now") or []
+    if len(states) == here.num_workers and states[here.worker_index] is not None:
+        set_backend_rng(states[here.worker_index])
 
 
 def drop_fed(model: Any, count: int) -> None:

@@ -4,7 +4,8 @@ The pure parts (which backup is whole, the write order that keeps one whole
 at every crash point) are in `io.backup_state`; saves follow the one scheme of
 `io.async_writer` (every worker snapshots, the chief writes). What a backup holds
 beside the weights (random states, data order, the model's structure) is
-`callbacks._training_state`; the stop at a signal is `callbacks._stopping`.
+`callbacks._training_state`; the stop at a signal is `callbacks._backup_stopping` (its
+hooks) and `callbacks._stopping` (when the workers check).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from keras_mgpu_plugins import _stop_signals, compat, runtime
 from keras_mgpu_plugins.callbacks import _stopping
 from keras_mgpu_plugins.callbacks import _training_state as training
 from keras_mgpu_plugins.callbacks._backup_restoring import Restoring, copy_atomic
+from keras_mgpu_plugins.callbacks._backup_stopping import Stopping
 from keras_mgpu_plugins.io import async_writer, atomic, snapshots
 from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
     CORRUPT,
@@ -41,7 +43,7 @@ from keras_mgpu_plugins.io.backup_state import (  # noqa: F401 - public names
 )
 
 
-class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
+class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
     """Backs up the training state and restores it after an interruption; worker-safe.
 
     A drop-in for `keras.callbacks.BackupAndRestore` (same arguments, files,
@@ -66,11 +68,12 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
       trained (Keras restarts the epoch), with the model's random states
       (Dropout's masks) and the data order of the uninterrupted run;
     - a stop signal (`stop_signals`: SIGTERM, SIGUSR1, what schedulers send
-      before they preempt a job) makes every worker finish its step; the
-      workers agree on the step to stop at (a collective: one worker that got
-      it is enough), the backup is written at that step, and every worker
-      raises `keras_mgpu_plugins.errors.TrainingStopped` (a `SystemExit`:
-      exit code 75). Run the same command again to resume from that step;
+      30-120 s before they preempt a job) is acted on at the workers' next
+      check for one, within `stop_check_interval` seconds (plus the step in
+      flight): every worker learns it there (one worker that got it is
+      enough), the backup is written at that step, and every worker raises
+      `keras_mgpu_plugins.errors.TrainingStopped` (a `SystemExit`: exit code
+      75). Run the same command again to resume from that step;
     - a backup of another model or optimizer is refused (`BackupMismatchError`)
       before Keras would load part of it; a backup written by N workers (or
       devices) resumes on M with the same global batches (docs/preemption.md).
@@ -93,13 +96,26 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
             `on_train_end` waits for the last write. Defaults to `False`.
         stop_signals: The signals that stop training with a backup of the step
             the workers agree on: names (`"SIGTERM"`), numbers, or `None` for
-            none. Checking costs one small all-gather per batch across workers
-            (none in one process), and keeps Keras from running batch hooks off
-            the training thread. Defaults to `("SIGTERM", "SIGUSR1")`.
+            none. In one process each batch's start reads whether one came (no
+            collective). Across workers they check together at the start of
+            every K-th batch (and at an epoch's end once due, and at the end of
+            `fit`): one small all-gather, with K agreed from the step and check
+            times measured so that a check costs at most 0.5% of the time
+            between two checks. Keras's batch hooks may still run off the
+            training thread. Defaults to `("SIGTERM", "SIGUSR1")`.
+        stop_check_interval: The most seconds between two such checks across
+            workers (at the step time measured since the last check), hence
+            the bound from a stop signal to the step the workers stop at:
+            this, or one step where a step takes longer, plus the step in
+            flight; the backup's write follows. `0` checks at every step (one
+            collective a step). Refused above half the job's stop grace
+            (`KMP_STOP_GRACE`, `kmp-launch --stop-grace`). Defaults to 2.
 
     Raises:
         ValueError: For an empty `backup_dir` or an invalid `save_freq` (as Keras),
-            a non-boolean `async_save`, or a signal that cannot be caught.
+            a non-boolean `async_save`, a signal that cannot be caught, or a
+            `stop_check_interval` that is not seconds >= 0 or cannot honour the
+            job's stop grace (the figure named).
 
     Example:
         >>> backup = kmp.callbacks.BackupAndRestore(backup_dir="/shared/run1/backup")
@@ -115,6 +131,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         *,
         async_save: bool = False,
         stop_signals: Any = _stop_signals.DEFAULT_SIGNALS,
+        stop_check_interval: float = _stopping.DEFAULT_INTERVAL_S,
     ) -> None:
         super().__init__(backup_dir, save_freq, double_checkpoint, delete_checkpoint)
         if not isinstance(async_save, bool):
@@ -122,10 +139,13 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
                 f"async_save must be True or False. Received: async_save={async_save!r}"
             )
         signums = _stop_signals.parse(stop_signals)
+        self.stop_check_interval = _stopping.check_interval(stop_check_interval,
+                                                            _stop_signals.stop_grace())
         snapshots.check_keras_internals()  # every backup is a snapshot
         self.async_save = async_save
         self.stop_signals = tuple(_stop_signals.name(n) for n in signums)
         self._signals = _stopping.Handling(signums)
+        self._checks: _stopping.Checks | None = None  # this fit's, with stop signals
         self._saves = async_writer.ChiefWrites(type(self).__name__, async_save,
                                                lambda record: None)
         self.backup_dir = os.fspath(backup_dir)
@@ -142,13 +162,16 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
         self._batches_done = 0  # of the running epoch
+        self._resumed_at = 0  # the resumed epoch's first batch (the ones before it unseen)
         self._due_at_end = False  # a periodic backup due at an epoch's last batch
         self._check_split = False  # resumed on another number of replicas: check the split
         self._epoch_start: dict = {}  # random and data-order states at the epoch's start
         self._undo_skip = lambda: None
         self._on_disk: BackupState | None = None
-        # Keras dispatches callbacks off the training thread only if no batch hook acts.
-        compat.set_async_safe(self, (save_freq == "epoch" or save_freq is False) and not signums)
+        self._backed_up: tuple[int, int] | None = None  # (epoch, batches) of the last backup
+        # Keras dispatches batch-end hooks off the training thread only if none acts; the
+        # stop checks are at a batch's start, which Keras calls on the training thread.
+        compat.set_async_safe(self, save_freq == "epoch" or save_freq is False)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.model.built:
@@ -160,7 +183,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         runtime.of(self.model).same_settings(  # they decide when backups (collective reads) happen
             {"save_freq": self.save_freq, "double_checkpoint": bool(self.double_checkpoint),
              "delete_checkpoint": bool(self.delete_checkpoint), "async_save": self.async_save,
-             "stop_signals": self.stop_signals},
+             "stop_signals": self.stop_signals, "stop_check_interval": self.stop_check_interval},
             type(self).__name__,
         )
         self._saves.drain(wait=True)  # a write left by an interrupted fit
@@ -170,7 +193,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         except BaseException:
             self._signals.end()  # this fit ends here
             raise
-        self._stop_if_agreed(trained=False)  # a signal before the first step
+        self._begin_checks()  # a signal before the first step stops here
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch, self._batches_done = epoch, 0
@@ -179,22 +202,25 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
-        self._last_batch_seen = self._batches_done = 0
+        self._last_batch_seen = self._batches_done = self._resumed_at = 0
         self._epoch_start = training.epoch_start()  # the next epoch's start
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
             self._saves.check(runtime.of(self.model), wait=since is not None and since < epoch)
         saved, self._due_at_end = self.save_freq == "epoch" or self._due_at_end, False
+        if self._check_split:  # the epoch ended with the first step resumed on another world
+            self._check_split_now()
         if saved:
             self._backup()
-        self._stop_if_agreed(saved=saved)
+        self._check_at_epoch_end()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self._check_split and batch > self._resumed_at:  # on the training thread
+            self._check_split_now()
+        super().on_train_batch_begin(batch, logs)  # the stop checks (`Stopping`)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batches_done = batch + 1
-        if self._check_split:  # the first step on another number of replicas
-            self._check_split = False
-            training.check_split(compat.loss_tracker_rows(self.model), runtime.of(self.model),
-                                 (self._on_disk.training or {}).get("world", {}), self.backup_dir)
         due = self._batch_due(batch)
         # An epoch's last batch: its backup and a stop wait for the epoch's end (validation,
         # on_epoch_end), so that a resumed fit never skips every batch of an epoch.
@@ -203,10 +229,10 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
             return
         if due:
             self._backup()
-        self._stop_if_agreed(saved=due)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._undo_skip()
+        self._check_at_train_end()
         self._signals.end()
         if self.async_save:
             self._saves.check(runtime.of(self.model), wait=True)
@@ -220,27 +246,14 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
         # also makes the next fit read what the chief left
         here.together(delete, f"{type(self).__name__}: deleting {self.backup_dir}")
 
-    # --- stopping at a signal ----------------------------------------------------
+    # --- resumed on another number of replicas -------------------------------------
 
-    def _stop_if_agreed(self, saved: bool = False, trained: bool = True) -> None:
-        """Every worker stops here, the backup written, if any worker received a stop signal."""
-        if not self._signals.signums:
-            return
-        here = runtime.of(self.model)
-        found = _stopping.agreed(here)
-        if found is None:
-            return
-        if trained and not saved:
-            self._backup()
-        if self.async_save:
-            self._saves.check(here, wait=True)
-        self._undo_skip()
-        self._signals.end()
-        error = _stopping.stopped(*found, epoch=self._current_epoch,
-                                  batches_done=self._batches_done, backup_dir=self.backup_dir,
-                                  trained=trained, received=here.worker_index in found[1])
-        _stop_signals.say(error.message)
-        raise error
+    def _check_split_now(self) -> None:
+        """After the first step resumed on another number of replicas (on the training
+        thread: it runs a collective)."""
+        self._check_split = False
+        training.check_split(compat.loss_tracker_rows(self.model), runtime.of(self.model),
+                             (self._on_disk.training or {}).get("world", {}), self.backup_dir)
 
     # --- backing up ------------------------------------------------------------
 
@@ -263,6 +276,7 @@ class BackupAndRestore(Restoring, keras.callbacks.BackupAndRestore):
                                         self.params.get("steps"))
         state = BackupState(self._current_epoch, max(self._batches_done - 1, 0), "",
                             self._batches_done, extras)
+        self._backed_up = (self._current_epoch, self._batches_done)
         self._saves.save(self.model, "weights", lambda snapshot: self._write(snapshot, state),
                          {"path": self._weights_path}, f"writing {self._weights_path}",
                          here, self._current_epoch)

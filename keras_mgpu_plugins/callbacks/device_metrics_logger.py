@@ -12,19 +12,24 @@ device such as `GPU:0`; the `workerK/` part appears only with several workers):
 | `throughput/samples_per_sec_per_replica`  | 1/s    | the same, per replica           |
 | `device/peak_memory_mb_max`               | MB     | highest peak of any device      |
 | `device/utilization_pct_mean`             | %      | mean utilisation of all devices |
-| `device/[workerK/]DEV/memory_mb`          | MB     | in use at the epoch's end (TF)  |
-| `device/[workerK/]DEV/peak_memory_mb`     | MB     | peak, reset at each epoch (TF)  |
+| `device/[workerK/]DEV/memory_mb`          | MB     | in use at the epoch's end (1)   |
+| `device/[workerK/]DEV/peak_memory_mb`     | MB     | peak, reset at each epoch (1)   |
 | `device/[workerK/]DEV/utilization_pct`    | %      | mean (NVML)                     |
 | `device/[workerK/]DEV/power_w`            | W      | mean (NVML)                     |
 | `device/[workerK/]DEV/temperature_c`      | °C     | highest (NVML)                  |
 | `host/[workerK/]memory_mb`                | MB     | process RSS at the epoch's end  |
 | `host/[workerK/]cpu_pct`                  | %      | process CPU, 100 = one core     |
-| `host/[workerK/]tf_memory_mb`             | MB     | TF host allocator, at the end   |
-| `host/[workerK/]tf_peak_memory_mb`        | MB     | its peak, reset at each epoch   |
+| `host/[workerK/]tf_memory_mb`             | MB     | TF host allocator, at the end (2) |
+| `host/[workerK/]tf_peak_memory_mb`        | MB     | its peak, reset at each epoch (2) |
+
+(1) The lane's own allocator: TensorFlow's `get_memory_info`, JAX's
+`Device.memory_stats()`, `torch.cuda`'s statistics (JAX cannot reset a peak: the
+process's so far). (2) TensorFlow lane only.
 
 A key is present when its value is known at the first record (no `device/`
-keys without GPUs, no NVML keys without `nvidia-ml-py`), and then for the
-whole run, so CSV headers stay valid. Keras's progress bar shows only
+keys without GPUs, no NVML keys without `nvidia-ml-py`, no `host/tf_*` keys off the
+TensorFlow lane), and then for the whole run, so CSV headers stay valid; the summary
+table has a column only where some worker has that figure. Keras's progress bar shows only
 `step_time/mean_ms`, `throughput/samples_per_sec` and the two `device/`
 aggregates (see `progbar`).
 """

@@ -97,7 +97,8 @@ class StallWatchdog(keras.callbacks.Callback):
         compat.set_async_safe(self, True)  # the batch hooks only assign two numbers
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        here = runtime.of(self.model)
+        # (the launcher adds one to every fit: a model trained on one process alone included)
+        here = runtime.of(self.model, refuse_apart=False)
         spans = here.spans_workers  # else: no peer can hold this fit up; watched alone
         if spans:
             self._check_every_worker_has_one(here)

@@ -315,5 +315,9 @@ FEATURES: tuple[Patch, ...] = (
 )
 
 from keras_mgpu_plugins.compat._torch_features import TORCH_FEATURES  # noqa: E402
+from keras_mgpu_plugins.compat._verify_features import (  # noqa: E402
+    RANDOM_FEATURES,
+    VERIFY_FEATURES,
+)
 
-FEATURES += TORCH_FEATURES
+FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES

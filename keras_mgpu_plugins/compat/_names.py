@@ -125,6 +125,9 @@ NAMES: tuple[PrivateName, ...] = (
     _k("saving_lib", "keras.src.saving.saving_lib"),
     _k("legacy h5 format", "keras.src.legacy.saving.legacy_h5_format"),
     _k("io_utils", "keras.src.utils.io_utils"),
+    # The active backend's random functions (what Dropout and the random layers call).
+    _k("backend random module", "keras.src.backend.random",
+       has=("uniform", "normal", "truncated_normal", "randint", "dropout")),
     _k("jax distribution_lib", "keras.src.backend.jax.distribution_lib",
        has=("initialize_rng",), needs="jax"),
     _k("jax trainer module", "keras.src.backend.jax.trainer", has=("_distribute_data",),

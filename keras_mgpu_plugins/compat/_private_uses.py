@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from keras_mgpu_plugins.compat import _checks as checks
 from keras_mgpu_plugins.compat import _jax_checks as jax_checks
-from keras_mgpu_plugins.compat import _names
+from keras_mgpu_plugins.compat import _names, _policy
 from keras_mgpu_plugins.compat._checks import CHECKED_BELOW, KERAS_HOOK_CALLS, KERAS_PRIVATE_HOOKS
 from keras_mgpu_plugins.errors import UncheckedVersionError
 
@@ -123,6 +123,8 @@ def require(name: str) -> bool:
     if not problems and use.applies_to(version):
         return True
     if not problems and not checks.version_predates(version, use.min_version):
+        if _policy.folded(use.library):  # the one warning of an unchecked Keras stands for it
+            return True
         _warn_once(name, f"{use.used_by} relies on private {lib} API ({use.touches}) checked "
                          f"for {lib} {span}; {lib} {version} still has it, so it is used.")
         return True
@@ -282,7 +284,19 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
                "or build it in the @kmp.parallelize factory."),
 )
+from keras_mgpu_plugins.compat._shuffle_checks import check_shuffle_draws  # noqa: E402
 from keras_mgpu_plugins.compat._torch_uses import TORCH_PRIVATE_USES  # noqa: E402
+
+PRIVATE_USES += (
+    PrivateUse("keras_shuffle_draws", "how Keras's input adapters draw a shuffle on one process "
+               "(array adapter: np.random.permutation, torch's RandomSampler / randperm; "
+               "PyDataset adapter: random.shuffle)",
+               "fit(shuffle=True) on several processes (JAX, torch): every process draws one "
+               "device's order as Keras does (inputs.shuffle)", "3.10.0", _MAX,
+               check_shuffle_draws,
+               "kmp cannot draw one device's order: pass shuffle=False, or shuffle the arrays "
+               "yourself (seeded alike on every process) before fit."),
+)
 
 PRIVATE_USES += tuple(PrivateUse(**fields) for fields in TORCH_PRIVATE_USES)
 _BY_NAME = {use.name: use for use in PRIVATE_USES}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from keras_mgpu_plugins.compat import _instances
+from keras_mgpu_plugins.compat import _instances, _policy
 from keras_mgpu_plugins.compat._features import FEATURES
 from keras_mgpu_plugins.compat._record import (
     ALLOW_UNCHECKED_ENV,
@@ -232,7 +232,7 @@ def _apply_all(patches: list[Patch], args: tuple = (), obj: Any = None) -> None:
             _instances.install_on(patch, obj, args, _by_name())
         elif action == "apply":
             _install(patch, args)
-        if why:
+        if why and not (patch.library == "keras" and _policy.folded()):
             notes.append(f"{patch.name} ({'applied' if action == 'apply' else 'not applied'}: "
                          f"{why})")
     if notes:

@@ -12,41 +12,27 @@ import os
 
 from packaging.version import Version
 
-from keras_mgpu_plugins.compat import _names
+from keras_mgpu_plugins.compat import _names, _policy
 from keras_mgpu_plugins.compat._checks import version_predates
 from keras_mgpu_plugins.compat._record import ALLOW_UNCHECKED_ENV, LIBRARY_NAMES, Patch
 
-#: First Keras release whose `fit` trains and logs under `tf.distribute` as one process
-#: does, measured with this package's 2-worker tests (tests/multi_worker/test_fit.py) on
-#: Keras 3.5, 3.7, 3.8, 3.9, 3.10 and 3.15. Before 3.8, gradients are summed across
-#: replicas, so N replicas train with N times the learning rate (keras-team/keras#19891,
-#: fixed by keras-team/keras#20609 in 3.8.0); 3.8 and 3.9 train right but log metrics
-#: (loss, val_loss) that differ from one process's under MultiWorkerMirroredStrategy.
-MIN_KERAS_FOR_DISTRIBUTION = "3.10.0"
+#: First Keras release kmp distributes on every lane (`compat._policy`: measured on
+#: TensorFlow with this package's 2-worker tests on Keras 3.5, 3.7, 3.8, 3.9, 3.10 and 3.15:
+#: before 3.8 gradients are summed across replicas, keras-team/keras#19891, fixed by
+#: keras-team/keras#20609; 3.8 and 3.9 log metrics that differ from one process's).
+MIN_KERAS_FOR_DISTRIBUTION = _policy.MIN_KERAS
 
 
 def check_keras_for_distribution() -> None:
-    """Raises if the installed Keras would train or log wrongly under a distributing strategy.
+    """The version policy of every lane (`compat._policy.check`), where kmp distributes.
 
     Raises:
-        RuntimeError: With Keras older than `MIN_KERAS_FOR_DISTRIBUTION` (TensorFlow
-            backend), naming what goes wrong and the upgrade.
+        KerasTooOldError: Keras older than `MIN_KERAS_FOR_DISTRIBUTION` (a `RuntimeError`),
+            naming what goes wrong there and the upgrade.
+        UncheckedVersionError: A Keras kmp was not checked with, unless
+            `KMP_ALLOW_UNCHECKED_VERSIONS=1`.
     """
-    import keras
-
-    version = keras.__version__
-    if keras.backend.backend() != "tensorflow" or Version(version) >= Version(
-        MIN_KERAS_FOR_DISTRIBUTION
-    ):
-        return
-    what = ("sums gradients across replicas: N replicas train with N times the learning rate "
-            "(keras-team/keras#19891)" if Version(version) < Version("3.8.0") else
-            "logs metrics across workers that differ from one process's")
-    raise RuntimeError(
-        f"Keras {version} {what}. keras_mgpu_plugins needs Keras >= "
-        f"{MIN_KERAS_FOR_DISTRIBUTION} to train on several devices or workers: "
-        f"pip install 'keras>={MIN_KERAS_FOR_DISTRIBUTION}'."
-    )
+    _policy.check()
 
 
 def present(patch: Patch) -> tuple[bool | None, str]:

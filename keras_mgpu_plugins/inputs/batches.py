@@ -1,10 +1,11 @@
 """Global arrays as a `keras.utils.PyDataset` of this process's part of every global batch.
 
-The rows of each pass are in one order on every process (`shuffle` mode: none, a
-permutation the processes share, a new one each pass: `inputs.shuffle`); each global
-batch of `batch` rows is cut by the backend's `Sharing` (`rows`, `deliver`). A shuffled
-order is recorded and restored by `kmp.callbacks.BackupAndRestore` (`_data_order`), so a
-resumed `fit` sees the rows in the order the uninterrupted one would have.
+The rows of each pass are in one order on every process (`shuffle` mode: none, or the
+permutation Keras draws on one process, a new one each pass: `inputs.shuffle`); each global
+batch of `batch` rows is cut by the backend's `Sharing` (`rows`, `deliver`). The order comes
+from the global random state, which `kmp.callbacks.BackupAndRestore` records at each
+epoch's start, so a resumed `fit` sees the rows in the order the uninterrupted one would
+have.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import _data_order
 from keras_mgpu_plugins.inputs import shuffle
 
 
@@ -26,14 +26,14 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
 
     total = int(keras.tree.flatten(arrays[0])[0].shape[0])
     present = tuple(a for a in arrays if a is not None)
-    seed = shuffle.agreed_seed(sharing.runtime) if mode else None
+    if mode:
+        shuffle.require()
 
     class GlobalBatches(keras.utils.PyDataset):
         """This process's pieces of the global batches of one order of the rows per pass."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.passes = 0  # batch 0 asked for: a new pass over the data (a new order)
             self.order = np.arange(total)
 
         @property
@@ -43,20 +43,12 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
         def __len__(self) -> int:
             return self.num_batches
 
-        def state(self) -> dict:  # `_data_order`: resumed by BackupAndRestore
-            return {"seed": seed, "passes": self.passes, "rows": total, "mode": str(mode)}
-
-        def restore(self, state: dict) -> None:
-            nonlocal seed
-            if state.get("rows") == total and state.get("mode") == str(mode):
-                seed, self.passes = int(state["seed"]), int(state["passes"])
-
         def __getitem__(self, i: int) -> tuple:
-            if i == 0:
-                self.passes += 1
+            if i == 0:  # a new pass over the data (an epoch, or Keras's peek to build)
                 sharing.start_pass()
                 if mode:
-                    self.order = shuffle.epoch_order(total, batch, seed, self.passes, mode)
+                    self.order = shuffle.agreed(sharing.keras_order(total, batch, mode),
+                                                sharing.runtime)
             positions = self.order[i * batch:(i + 1) * batch]
             rows = sharing.rows(positions)
             if not mode and len(rows) and rows[-1] - rows[0] + 1 == len(rows):
@@ -65,7 +57,4 @@ def global_batches(arrays: tuple, batch: int, mode: Any, sharing: Any) -> Any:
                           for a in present)
             return sharing.deliver(taken, len(positions), sharing.span(len(positions)) is None)
 
-    feeding = GlobalBatches()
-    # a shuffled order BackupAndRestore records and restores (`_data_order`); fit's x last
-    _data_order.register(feeding if mode else None)
-    return feeding
+    return GlobalBatches()

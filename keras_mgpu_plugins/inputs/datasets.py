@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from keras_mgpu_plugins.inputs import packed
+
 
 def passes(dataset: Any, found: str, what: str = "") -> Any:
     """A `tf.data.Dataset`, grain dataset or `DataLoader` as a `PyDataset` read in order: a new
@@ -14,7 +16,9 @@ def passes(dataset: Any, found: str, what: str = "") -> Any:
     iterator of a dataset), `len` its length (`None`: infinite or unknown, with
     `steps_per_epoch`). A tf.data dataset's elements come through `as_numpy_iterator`, a
     grain dataset's and a `DataLoader`'s through `iter` (a `DataLoader`'s tensors as numpy
-    arrays); TensorFlow, grain and torch are the user's, never imported here."""
+    arrays); TensorFlow, grain and torch are the user's, never imported here. A batch of a
+    structure Keras's `PyDataset` adapter refuses (more than 3 parts) travels packed
+    (`inputs.packed`): the lane's step unpacks it."""
     import keras
 
     convert = None
@@ -48,7 +52,7 @@ def passes(dataset: Any, found: str, what: str = "") -> Any:
             if i == 0 or self.iterator is None:
                 self.iterator = start()
             batch = next(self.iterator)
-            return convert(batch) if convert else batch
+            return packed.pack(convert(batch) if convert else batch)  # (x, y, noise, w): kept
 
     return Passes()
 

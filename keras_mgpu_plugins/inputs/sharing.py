@@ -71,6 +71,14 @@ class Sharing:
     def start_pass(self) -> None:
         """Keras starts reading an input from its first batch (a new pass over it)."""
 
+    def keras_order(self, total: int, batch: int, mode: Any) -> np.ndarray:
+        """A pass's rows in the order Keras's own `fit` draws them for arrays on one process
+        of this backend, advancing the global random state as it does (`inputs.shuffle`):
+        here NumPy's (Keras's NumPy iterator, the JAX backend's)."""
+        from keras_mgpu_plugins.inputs import shuffle
+
+        return shuffle.numpy_order(total, batch, mode)
+
     def deliver(self, taken: Any, count: int, whole: bool) -> Any:
         """`taken` (this process's rows of a batch of `count`) as Keras is given it."""
         return taken

@@ -192,7 +192,7 @@ def _share_generator(generator: Any, what: str, split: Any, sharing: Any) -> Any
 def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any, sharing: Any) -> Any:
     import keras
 
-    from keras_mgpu_plugins.inputs.shuffle import agreed_seed
+    from keras_mgpu_plugins.inputs import shuffle as shuffling
 
     if dataset.use_multiprocessing:
         raise ValueError(
@@ -200,10 +200,10 @@ def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any, sharing
             "reads its batches in this process, to check that every process sees the same "
             "ones. Pass use_multiprocessing=False (its workers then prefetch in threads).")
     batches = dataset.num_batches
-    # Every process takes part in the seed's broadcast whenever fit shuffles, whatever its
-    # input's length says: a collective on one branch only would leave the others waiting.
-    seed = agreed_seed(sharing.runtime) if shuffle else None
-    order_seed = seed if batches is not None else None
+    # Keras shuffles the batch order of a PyDataset of known length only
+    shuffles = bool(shuffle) and batches is not None
+    if shuffles:
+        shuffling.require()
 
     class Shares(keras.utils.PyDataset):
         """This process's share of every batch of the user's `PyDataset`."""
@@ -241,9 +241,9 @@ def _share_py_dataset(dataset: Any, what: str, split: Any, shuffle: Any, sharing
                 self.passes += 1
                 self.ahead.clear()
                 sharing.start_pass()
-                if order_seed is not None:
-                    self.order = np.random.default_rng([order_seed, self.passes]).permutation(
-                        batches)
+                if shuffles:  # as Keras's adapter, from Python's random state; agreed
+                    self.order = shuffling.agreed(shuffling.batch_order(batches),
+                                                  sharing.runtime)
             batch = self._fetch(i)
             self.checker.see(batch, i)
             return split(batch, what, i)

@@ -82,6 +82,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
     the chief's coordinator sends its steps to the other workers meanwhile. The chief,
     or a parameter server, failing fails the run as usual.
 
+    In a run of `kmp-verify`, `fn` runs in the calling process (kmp-verify started the
+    processes of its runs already: one for its one-device runs, N with `--processes`),
+    and the list holds its one value.
+
     No hang is silent: every `fit` in the workers runs with a
     `kmp.callbacks.StallWatchdog(timeout=stall_timeout)` (one given to `fit` is
     kept), so a job in which no worker progresses for that long fails with every
@@ -108,9 +112,11 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         create_strategy: Create the multi-worker strategy in each worker
             first. With `False`, the bootstrap imports no TensorFlow.
         env: Variables to set (or, with `None`, unset) in the workers.
-        output: `"chief"`: only worker 0's output is shown here, the others'
-            goes to their log files (path printed), and their Keras progress
-            bars are off; `"all"`: every worker's is shown, prefixed, with its
+        output: `"chief"`: only worker 0's output is shown here, without the
+            backends' runtime log lines (TensorFlow's C++ logs, coordination and
+            Gloo lines), the others' goes to their log files (path printed), and
+            their Keras progress bars are off; `"verbose"`: the same with worker 0's
+            runtime log lines; `"all"`: every worker's is shown, prefixed, with its
             progress bars. Every worker's output is in its log file either way.
         log_dir: Folder for the log files `worker-<i>.log` (default:
             `<tempdir>/kmp-launch-logs/<job id>`, kept after the run).
@@ -156,6 +162,10 @@ def launch(fn: Callable[..., Any], num_workers: int = 2, args: Sequence[Any] = (
         raise TypeError(f"args must be a tuple or a list. Received: args={args!r}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict or None. Received: kwargs={kwargs!r}")
+    from keras_mgpu_plugins.verify import _config as verify_run
+
+    if verify_run.launches_in_place():  # kmp-verify started this run's processes already
+        return [fn(*args, **(kwargs or {}))]
     _check_common(num_workers, timeout)
     _check_output(output, log_dir)
     _check_stop_grace(stop_grace)
@@ -178,9 +188,10 @@ def _check_stop_grace(stop_grace: Any) -> None:
 
 
 def _check_output(output: Any, log_dir: Any) -> None:
-    if output not in ("chief", "all"):
-        raise ValueError(f'output must be "chief" (only worker 0\'s output shown) or "all". '
-                         f"Received: output={output!r}")
+    if output not in ("chief", "verbose", "all"):
+        raise ValueError(f'output must be "chief" (only worker 0\'s output shown, without the '
+                         f'runtimes\' own log lines), "verbose" (worker 0\'s, all of it) or "all" '
+                         f"(every worker's). Received: output={output!r}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path or None. Received: log_dir={log_dir!r}")
 

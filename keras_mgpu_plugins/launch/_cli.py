@@ -58,15 +58,19 @@ times at most) while the chief goes on with the other workers.
 Output: every worker's stdout and stderr go to its log file,
 $TMPDIR/kmp-launch-logs/<job id>/worker-<i>.log (--log-dir DIR to choose the
 folder; the path is printed); worker 0's is also shown here, and the other
-workers' Keras progress bars are off. --all-output shows every worker's output
-here, progress bars included. Lines shown are prefixed with "[worker i] ".
+workers' Keras progress bars are off. The backends' own runtime log lines
+(TensorFlow's C++ logs, its coordination service's lines, JAX's and torch's
+[Gloo] lines) are left out here and kept in the log files: --verbose shows them.
+--all-output shows every worker's output here, all of it, progress bars
+included. Lines shown are prefixed with "[worker i] ".
 When a worker whose output was not shown fails, the last lines of its log are
 printed.
 
 Fail-fast: when a worker exits non-zero or dies, the others (and every process
 they started) are stopped within seconds. The exit code is 0 when every worker
-succeeds, else the first failing worker's exit code (128+N if it was killed by
-signal N), 124 when --timeout expires, and 130 on Ctrl-C.
+succeeds, else the first failing worker's exit code (1 for a worker that raised,
+even one the launcher had to stop after it; 128+N if it was killed by signal N),
+124 when --timeout expires, and 130 on Ctrl-C.
 
 Stop signals: SIGTERM or SIGUSR1 sent to kmp-launch (a scheduler's preemption
 notice, a Kubernetes eviction) is forwarded to every worker. In a model.fit with
@@ -131,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kmp-launch", description=_CLI_DESCRIPTION, epilog=_CLI_EPILOG,
         usage="kmp-launch [-n N] [--ps P] [--timeout SECONDS] [--stall-timeout SECONDS] "
-              "[--stop-grace SECONDS] [--max-restarts N] [--no-strategy] [--all-output] "
+              "[--stop-grace SECONDS] [--max-restarts N] [--no-strategy] [--all-output] [--verbose] "
               "[--log-dir DIR] "
               "(script.py | -m module) [args ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -167,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--all-output", action="store_true",
                         help="show every worker's output here, prefixed, progress bars included "
                              "(default: worker 0's; the others' go to their log files)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show worker 0's output here with the backends' runtime log lines "
+                             "(TensorFlow's C++ logs, coordination and Gloo lines; by default "
+                             "they go to the log files only)")
     parser.add_argument("--log-dir", metavar="DIR",
                         help="folder of the workers' log files worker-<i>.log (default: "
                              "$TMPDIR/kmp-launch-logs/<job id>)")
@@ -232,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_common(options.num_workers, options.timeout)
         _run(spec, options.num_workers, options.timeout, environ,
-             output="all" if options.all_output else "chief", log_dir=options.log_dir,
+             output=("all" if options.all_output else "verbose" if options.verbose else "chief"), log_dir=options.log_dir,
              stop_grace=options.stop_grace, max_restarts=options.max_restarts)
     except JobStoppedError as err:
         print(f"kmp-launch: {err}", file=sys.stderr)

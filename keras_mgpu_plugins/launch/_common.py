@@ -13,7 +13,7 @@ from keras_mgpu_plugins.launch._errors import LaunchError
 from keras_mgpu_plugins.launch._signals import DEFAULT_STOP_GRACE_S
 
 WORKER_ENV_VARS = ("TF_CONFIG", "KMP_LAUNCH_WORKER", "KMP_NUM_WORKERS", "KMP_WORKER_INDEX",
-                   "KMP_JOB_DIR", "KMP_RESTART")
+                   "KMP_JOB_DIR", "KMP_RESTART", "KMP_STOP_GRACE")
 
 #: Seconds without progress on every worker after which the launcher's `StallWatchdog`
 #: fails the job, unless told otherwise. The examples' first steps (compilation included)

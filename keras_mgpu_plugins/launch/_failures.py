@@ -34,7 +34,7 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
             f"{w.label} {_how(w, r, t, expects_result)}"
             for _, w, r, _, t in failures[1:]) + "."
     if len(failures) < len(workers):
-        summary += f" The other {tasks} were stopped."
+        summary += f" The other {tasks} were stopped by the launcher."
     if text is not None:
         detail = f"Remote traceback of {first.label}:\n{text.rstrip()}"
     elif first.stderr_tail:
@@ -46,10 +46,19 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
                    f"{first.log_path}):\n" + "\n".join(first.output_tail))
     raise WorkerFailedError(
         f"{summary[0].upper()}{summary[1:]}\n\n{detail}", summary=summary,
-        worker_index=first.index, num_workers=len(workers), exitcode=first.proc.returncode,
+        worker_index=first.index, num_workers=len(workers), exitcode=_exit_code(first, raised),
         remote_traceback=text, remote_exception=exc, other_failures=others,
         log_path=first.log_path, output_shown=first.shown, output_tail=list(first.output_tail),
     )
+
+
+def _exit_code(w: _Worker, raised: str | None) -> int | None:
+    """The exit code worker `w`'s failure stands for: its own, or 1 (Python's, for an
+    exception) where it raised and the launcher stopped it before it could exit (a JAX or
+    TensorFlow runtime holding the process: its SIGTERM is the launcher's, no preemption)."""
+    if raised is not None and raised != "SystemExit" and w.stopped_by_launcher:
+        return 1
+    return w.proc.returncode
 
 
 def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool) -> str:
@@ -59,6 +68,8 @@ def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool)
         verdict = f": {text.splitlines()[0]}" if text else " (its output has the verdict)"
         return f"was stopped by StallWatchdog (exit code {code}){verdict}"
     if raised is not None and raised != "SystemExit":
+        if w.stopped_by_launcher:  # it reported the error, then did not end by itself
+            return f"raised {raised} (then stopped by the launcher)"
         return f"raised {raised} (exit code {code})"
     if code is not None and code < 0:
         return f"was killed by {describe_exit(code)}"

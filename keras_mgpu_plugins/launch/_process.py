@@ -24,6 +24,7 @@ from typing import Any
 from keras_mgpu_plugins.errors import STALL_EXIT_CODE
 from keras_mgpu_plugins.launch import _worker
 from keras_mgpu_plugins.launch._errors import LaunchError
+from keras_mgpu_plugins.launch._quiet import RuntimeLines
 
 _TAIL_LINES = 20
 _output_lock = threading.Lock()
@@ -54,20 +55,22 @@ def output_paths(log_dir: str | None, job_id: str) -> str:
 
 
 def tell_where_output_goes(spec: dict, num_workers: int, output: str, log_dir: str) -> None:
-    if output == "all" or (num_workers == 1 and not spec.get("num_ps")):
+    if output in ("all", "none") or (num_workers == 1 and not spec.get("num_ps")):
         return
     program = "kmp.launch" if spec["mode"] == "function" else "kmp-launch"
+    flag = 'output="all"' if program == "kmp.launch" else "--all-output"
+    verbose = 'output="verbose"' if program == "kmp.launch" else "--verbose"
+    runtime = (f"; the runtimes' own log lines go to the log files only ({verbose} shows them)"
+               if output == "chief" else "")
     if spec.get("num_ps"):
-        flag = 'output="all"' if program == "kmp.launch" else "--all-output"
         print(f"{program}: showing the chief's output; the workers and parameter servers write "
               f"to {os.path.join(log_dir, 'worker-<i>.log')} and "
-              f"{os.path.join(log_dir, 'ps-<i>.log')} ({flag} shows every task's)",
+              f"{os.path.join(log_dir, 'ps-<i>.log')} ({flag} shows every task's){runtime}",
               file=sys.stderr, flush=True)
         return
     others = "worker 1 writes" if num_workers == 2 else f"workers 1-{num_workers - 1} write"
-    flag = 'output="all"' if program == "kmp.launch" else "--all-output"
     print(f"{program}: showing worker 0's output; {others} to "
-          f"{os.path.join(log_dir, 'worker-<i>.log')} ({flag} shows every worker's)",
+          f"{os.path.join(log_dir, 'worker-<i>.log')} ({flag} shows every worker's){runtime}",
           file=sys.stderr, flush=True)
 
 
@@ -76,7 +79,7 @@ class _Worker:
 
     def __init__(self, index: int, proc: subprocess.Popen, spec_path: str,
                  job_dir: str, log_path: str, shown: bool = True, label: str | None = None,
-                 serves: bool = False) -> None:
+                 serves: bool = False, quiet: bool = False) -> None:
         self.index, self.proc = index, proc
         self.log_path, self.shown, self.job_dir = log_path, shown, job_dir
         #: How it is named in messages and before its lines: "worker 1", "chief", "ps 0".
@@ -89,12 +92,13 @@ class _Worker:
         self.error_path = _worker.outcome_path(spec_path, index, "error")
         self.stopped_path = _worker.outcome_path(spec_path, index, "stopped")
         self.exited_at: float | None = None  # wall time it was seen to exit on its own
+        self.stopped_by_launcher = False  # still running when the launcher stopped the job
         self.alive_at: float | None = None  # wall time it was last seen running
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.output_tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self.relays = [
-            threading.Thread(target=_relay, args=(pipe, self.label, name, tails, log_path, shown),
-                             daemon=True)
+            threading.Thread(target=_relay, daemon=True,
+                             args=(pipe, self.label, name, tails, log_path, shown, quiet))
             for pipe, name, tails in ((proc.stdout, "stdout", (self.output_tail,)),
                                       (proc.stderr, "stderr", (self.output_tail,
                                                                self.stderr_tail)))
@@ -197,9 +201,11 @@ class _Worker:
 
 
 def _relay(pipe: Any, label: str, stream_name: str, tails: tuple[collections.deque, ...],
-           log_path: str, shown: bool) -> None:
-    """Copies one of a worker's pipes to its log file, and to ours when `shown`."""
+           log_path: str, shown: bool, quiet: bool = False) -> None:
+    """Copies one of a worker's pipes to its log file, and to ours when `shown` (without the
+    backends' runtime log lines when `quiet`: `launch._quiet`)."""
     prefix = f"[{label}] "
+    runtime_lines = RuntimeLines() if quiet else None
     # O_APPEND: the stdout and stderr relays add whole lines to one file without a lock.
     log = _open_log(log_path)
     with pipe, log if log is not None else contextlib.nullcontext():
@@ -210,7 +216,7 @@ def _relay(pipe: Any, label: str, stream_name: str, tails: tuple[collections.deq
             if log is not None:
                 with contextlib.suppress(OSError):
                     log.write(raw if raw.endswith(b"\n") else raw + b"\n")
-            if not shown:
+            if not shown or (runtime_lines is not None and runtime_lines.hides(line)):
                 continue
             with _output_lock:
                 try:

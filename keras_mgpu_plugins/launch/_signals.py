@@ -87,16 +87,31 @@ def caught() -> Iterator[Caught | None]:
             signal.signal(signum, default)  # type: ignore[arg-type]
 
 
-def forward(workers: list[Any], signum: int, stop_grace: float, program: str) -> None:
-    """Sends a stop signal to every worker's main process (not its data loaders)."""
-    name = _stop_signals.name(signum)
-    print(f"{program}: {name} received: forwarded to every worker, which stop at the step "
-          f"they agree on once BackupAndRestore has saved it ({stop_grace:g} s at most; "
-          f"{name} again stops them at once).", file=sys.stderr, flush=True)
+def forward(workers: list[Any], signum: int, stop_grace: float, program: str,
+            job_dir: str | None = None) -> None:
+    """Sends a stop signal to every worker's main process (not its data loaders), saying
+    what the workers will do: save at an agreed step where a `fit` with BackupAndRestore
+    runs (`_stop_signals.saving_workers`), else stop with nothing saved."""
+    saving = bool(job_dir and _stop_signals.saving_workers(job_dir))
+    print(forward_notice(signum, stop_grace, program, saving), file=sys.stderr, flush=True)
     for w in workers:
         if not w.check_exit():
             with contextlib.suppress(OSError):
                 w.proc.send_signal(signum)
+
+
+def forward_notice(signum: int, stop_grace: float, program: str, saving: bool) -> str:
+    """The launcher's line when it forwards a stop signal, true for this job."""
+    name = _stop_signals.name(signum)
+    again = f"{name} again stops them at once"
+    if saving:
+        return (f"{program}: {name} received: forwarded to every worker; in the fit with "
+                "BackupAndRestore they stop at the next step they check together and save it "
+                f"there ({stop_grace:g} s at most; {again}).")
+    return (f"{program}: {name} received: forwarded to every worker; no worker runs a fit with "
+            "kmp.callbacks.BackupAndRestore, so they stop now and nothing is saved (pass "
+            "callbacks=[kmp.callbacks.BackupAndRestore(backup_dir=...)] to fit to save at a "
+            f"stop signal; {again}).")
 
 
 def stopped_error(workers: list[Any], forwarded: int | None,
@@ -113,8 +128,10 @@ def stopped_error(workers: list[Any], forwarded: int | None,
             else f"received by {named(received)}" if received else "received by a worker")
     if saved:
         again = "call kmp.launch again" if program == "kmp.launch" else "run the same command again"
-        message = (f"The job was stopped by {chief['signal']} ({sent}) in epoch "
-                   f"{chief['epoch'] + 1}, after {chief['batches_done']} of its batches, the "
+        where = (f"in epoch {chief['epoch'] + 1}, after {chief['batches_done']} of its batches"
+                 if chief["batches_done"] else f"at the end of epoch {chief['epoch']}"
+                 if chief["epoch"] else "before the first step")
+        message = (f"The job was stopped by {chief['signal']} ({sent}) {where}, the "
                    f"step every worker agreed on; BackupAndRestore saved it in "
                    f"{chief['backup_dir']}: {again} to resume (exit code {STOPPED_EXIT_CODE}).")
         code = STOPPED_EXIT_CODE

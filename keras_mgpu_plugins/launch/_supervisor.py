@@ -36,7 +36,11 @@ from keras_mgpu_plugins.launch._errors import (
 )
 from keras_mgpu_plugins.launch._failures import _raise_first_failure
 from keras_mgpu_plugins.launch._process import _Worker, output_paths, tell_where_output_goes
-from keras_mgpu_plugins.launch._tuning import MIN_PARAMETER_SERVER_INTEROP, worker_tuning
+from keras_mgpu_plugins.launch._tuning import (
+    MIN_PARAMETER_SERVER_INTEROP,
+    threads_line,
+    worker_tuning,
+)
 
 _GRACE_S = 2.0  # between SIGTERM and SIGKILL when stopping workers
 _POLL_S = 0.05
@@ -59,7 +63,10 @@ def run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str, 
         timeout: Seconds the run may take, or `None`.
         environ: The workers' environment, before the launcher's variables.
         payload: Cloudpickled `(fn, args, kwargs)`, or `None` to run a program.
-        output: `"chief"` (only worker 0's output is relayed here) or `"all"`.
+        output: `"chief"` (only worker 0's output is relayed here, without the backends'
+            runtime log lines: `launch._quiet`), `"verbose"` (worker 0's, all of it),
+            `"all"` (every worker's, all of it) or `"none"` (the log files only: kmp-verify's
+            runs, which run side by side).
         log_dir: Folder of the workers' log files (default: `output_paths`).
         stop_grace: Seconds the workers get after a stop signal (`launch._signals`).
 
@@ -105,10 +112,16 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
     job_dir = os.path.join(tmpdir, "job")  # shared by the workers (e.g. StallWatchdog)
     os.mkdir(job_dir)
     tasks = _tasks.layout(num_workers, spec.get("num_ps", 0))
-    environ = {**environ, **worker_tuning(environ, len(tasks), min_interop=(
-        MIN_PARAMETER_SERVER_INTEROP if spec.get("num_ps") else 1)),
+    tuning = worker_tuning(environ, len(tasks), min_interop=(
+        MIN_PARAMETER_SERVER_INTEROP if spec.get("num_ps") else 1))
+    program = "kmp.launch" if payload is not None else "kmp-launch"
+    said = threads_line(program, environ, tuning, len(tasks))
+    if said:
+        print(said, file=sys.stderr, flush=True)
+    environ = {**environ, **tuning,
                "KMP_LAUNCH_WORKER": "1", "KMP_NUM_WORKERS": str(num_workers),
                "KMP_JOB_ID": job_id, "KMP_JOB_DIR": job_dir,
+               _stop_signals.STOP_GRACE_ENV: f"{stop_grace:g}",
                "PYTHONPATH": os.pathsep.join(filter(None, [package_root, pythonpath]))}
     if output == "all":  # every worker's fit/evaluate/predict shows its progress bar
         environ["KMP_OUTPUT"] = "all"
@@ -127,8 +140,9 @@ def _run(spec: dict, num_workers: int, timeout: float | None, environ: dict[str,
             start_new_session=True,
         )
         return _Worker(index, proc, spec_path, job_dir, os.path.join(log_dir, task.log_name),
-                       shown=output == "all" or index == 0, label=task.label,
-                       serves=task.serves)
+                       shown=output == "all" or (index == 0 and output != "none"),
+                       label=task.label,
+                       serves=task.serves, quiet=output == "chief" and len(tasks) > 1)
 
     workers.extend(start(index) for index in range(len(tasks)))
     restarts = _tasks.Restarts(tasks, start) if spec.get("num_ps") else None
@@ -197,7 +211,7 @@ def _supervise(workers: list[_Worker], timeout: float | None, expects_result: bo
         if signum is not None and forwarded is None:
             forwarded, stop_end = signum, time.monotonic() + stop_grace
             _signals.forward(workers, signum, stop_grace,
-                             "kmp.launch" if expects_result else "kmp-launch")
+                             "kmp.launch" if expects_result else "kmp-launch", job_dir)
         elif signum is not None:  # a second one: stop now
             _stop(workers)
             raise _signals.again_error(signum, forwarded)
@@ -275,6 +289,7 @@ def _stop(workers: list[_Worker]) -> None:
             with open(os.path.join(live[0].job_dir, _stop_signals.HARD_STOP), "w"):
                 pass
     for w in live:
+        w.stopped_by_launcher = True
         w.kill_tree(signal.SIGTERM)
     deadline = time.monotonic() + _GRACE_S
     while live and time.monotonic() < deadline and any(w.group_alive() for w in live):

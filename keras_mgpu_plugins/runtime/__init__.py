@@ -41,12 +41,26 @@ __all__ = ["CAUSE_BYTES", "ERROR_WIDTH", "PeerFailedError", "Rank", "Runtime",
            "SettingsDifferError", "SingleProcess", "decode_error", "encode_error", "of"]
 
 
-def of(model: Any = None) -> Runtime:
+def of(model: Any = None, *, refuse_apart: bool = True) -> Runtime:
     """The runtime `model` trains under (default: this process's), from the active backend.
 
     Read at call time, never cached by the caller across `fit` calls: the model's
     distribution can change (a model built again, a strategy created later).
+
+    Args:
+        model: The model asked about, or `None` for this process.
+        refuse_apart: Raise where `model` would train a separate model on each of several
+            processes (`runtime.apart`): what kmp's callbacks ask. `False` for kmp's own
+            wrappers of every `fit`, which serve a model trained on one process alone.
+
+    Raises:
+        SeparateModelsError: As `runtime.apart.check`.
     """
     from keras_mgpu_plugins import _backend
 
-    return _backend.active().runtime_of(model)
+    here = _backend.active().runtime_of(model)
+    if model is not None and refuse_apart:
+        from keras_mgpu_plugins.runtime import apart
+
+        apart.check(model, here)
+    return here

@@ -22,7 +22,7 @@ HOST_COLUMNS = (
     ("RSS MB", "memory_mb", "last"),
     ("peak RSS MB", "memory_mb", "max"),
     ("CPU %", "cpu_pct", "mean"),
-    ("TF host MB", "tf_peak_memory_mb", "max"),
+    ("TF host MB", "tf_peak_memory_mb", "max"),  # TensorFlow's host allocator: its lane only
 )
 
 
@@ -64,15 +64,22 @@ def summary_table(
             series = [e[w].devices[name] for e in epochs if name in e[w].devices]
             rows.append([str(w), name, *(_over(series, f, how) for _, f, how in DEVICE_COLUMNS)])
     if rows:
-        lines += _table(["worker", "device", *(c for c, _, _ in DEVICE_COLUMNS)], rows)
+        lines += _table(*_known(["worker", "device", *(c for c, _, _ in DEVICE_COLUMNS)], rows))
     else:
         lines.append("GPU metrics unavailable (no GPU): host metrics only.")
     host_rows = [
         [str(w), "host", *(_over([e[w].host for e in epochs], f, how) for _, f, how in HOST_COLUMNS)]
         for w in range(workers)
     ]
-    lines += _table(["worker", "", *(c for c, _, _ in HOST_COLUMNS)], host_rows)
+    lines += _table(*_known(["worker", "", *(c for c, _, _ in HOST_COLUMNS)], host_rows))
     return "\n".join(lines)
+
+
+def _known(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The table without the columns no row has a figure for (`-` throughout): a figure the
+    lane does not have (TensorFlow's host allocator on JAX or torch, NVML's without it)."""
+    keep = [i for i in range(len(header)) if i < 2 or any(r[i] != "-" for r in rows)]
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
 
 
 def _over(series: Sequence[dict[str, float]], field: str, how: str) -> str:
@@ -99,6 +106,7 @@ def plot_run(
     series: np.ndarray,
     device_names: Sequence[Sequence[str]],
     epoch_ends: Sequence[float] = (),
+    framework: str = "the framework",
 ) -> str:
     """Draws memory and utilisation over the run, one line per device, to a PNG.
 
@@ -108,6 +116,7 @@ def plot_run(
         series: Readings, `(workers, points, fields)` (host fields, then devices).
         device_names: Each worker's device names.
         epoch_ends: Seconds at which epochs ended, drawn as faint lines.
+        framework: Whose allocator the device memory is (`"TensorFlow"`, `"JAX"`, `"torch"`).
 
     Returns:
         `path`.
@@ -128,7 +137,7 @@ def plot_run(
         lines["cpu"].append((host, series[w, :, HOST_FIELDS.index("cpu_pct")], w, w))
     has = {k: any(np.isfinite(v).any() for _, v, _, _ in ls) for k, ls in lines.items()}
     panels = [
-        ("memory", "GPU memory in use (TensorFlow allocator)", "MB")
+        ("memory", f"GPU memory in use ({framework}'s allocator)", "MB")
         if has["memory"] else ("rss", "Host memory (process RSS) - no GPU memory reported", "MB"),
         ("util", "GPU utilisation (NVML)", "%")
         if has["util"] else ("cpu", "Host CPU use - GPU utilisation unavailable", "% of one core"),

@@ -95,7 +95,7 @@ def test_a_signal_from_slurm_saves_the_step_the_job_requeues_itself_and_resumes(
 
     out = tmp_path / "preempted"
     out.mkdir()
-    job = _submit(out, "--mark-at 1:1 --slow 0.3")
+    job = _submit(out, "--mark-at 1:1 --slow 0.3 --stop-check-interval 0")  # the next step
     deadline = time.monotonic() + 300
     while not (out / "run.mark").exists():
         assert time.monotonic() < deadline, _state(job)

@@ -57,38 +57,30 @@ def _model(optimizer: str):
 
 
 def shuffled_fit(mode, optimizer: str = "sgd") -> dict:
-    """fit(shuffle=mode) on 2 processes; the rows each process fed, per pass; then one
-    device (no distribution) trained in this process on the same global orders."""
-    import jax
+    """fit(shuffle=mode) on 2 processes, with the global order of each pass kmp fed; then
+    Keras's own fit(shuffle=mode) on one device (no distribution) in this process, seeded
+    alike."""
     import keras
 
     import keras_mgpu_plugins as kmp
     from keras_mgpu_plugins.inputs import shuffle
 
-    fed, seeds = [], []
-    draw, real = shuffle.agreed_seed, shuffle.epoch_order
+    orders, real = [], shuffle.agreed
 
-    def agreed_seed(runtime) -> int:
-        seeds.append(draw(runtime))
-        return seeds[-1]
+    def agreed(order, runtime):
+        orders.append(real(order, runtime).tolist())
+        return np.asarray(orders[-1])
 
-    def epoch_order(*args):
-        order = real(*args)  # (total, batch, seed, pass, mode): this process's rows of it
-        mine = shuffle.share_rows(*args[:2], jax.process_count(), jax.process_index())
-        fed.append((args[3], order[mine].tolist()))
-        return order
-
-    shuffle.agreed_seed, shuffle.epoch_order = agreed_seed, epoch_order
+    shuffle.agreed = agreed
     x = np.random.default_rng(0).normal(size=(ROWS, 3)).astype("float32")
     y = (x @ np.array([[0.5], [-1.0], [2.0]], "float32")).astype("float32")
     model = kmp.parallelize(_model)(optimizer)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=mode)
+    shuffle.agreed = real
     weights = [w.tolist() for w in model.get_weights()]
     keras.distribution.set_distribution(None)
     reference = _model(optimizer)
-    trained = [p for p, _ in fed][-EPOCHS:]  # the passes fit trained on (the first: a peek)
-    for index in trained:
-        order = real(ROWS, BATCH, seeds[0], index, mode)
-        reference.fit(x[order], y[order], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    return {"fed": fed, "seeds": seeds, "weights": weights, "history": history.history,
-            "reference": [w.tolist() for w in reference.get_weights()]}
+    alone = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=mode)
+    return {"orders": orders, "weights": weights, "history": history.history,
+            "reference": [w.tolist() for w in reference.get_weights()],
+            "reference_history": alone.history}

@@ -2,26 +2,25 @@
 
 `run(name, mode)` runs one program as its author does (`mode="one"`: plain Keras, one
 device), or adapted as docs/jax.md says, nothing else changed: `@kmp.parallelize` on the
-factory (`"devices"`: every device of this process; `"processes"`: inside a `kmp.launch`
-worker), or `@kmp.parallelize(strategy="model_parallel", layout_map=...)` for a
+factory (`"devices"`: every device of this process; `"processes"`: in a job of several
+processes), or `@kmp.parallelize(strategy="model_parallel", layout_map=...)` for a
 large-model program (its own `layout_map()` where it has one). It returns plain values:
 the weights after `fit`, the History, `evaluate`'s dict, `predict`'s outputs and what
 the program's callbacks kept.
 
-As a script, in a fresh process (JAX reads its device count once):
+`every_program(mode)` runs each program in turn, the function `kmp.verify` runs
+(`tests/jax/test_programs.py`): in the `"devices"` mode each large-model program again
+with `strategy="model_parallel"`, one compared fit per run. As a script, kmp.verify's
+reports (each figure against one device, with the program's float noise):
 
-    python -m tests.jax.programs one OUT.pkl       # one device, and each program's noise
-    python -m tests.jax.programs devices OUT.pkl   # 2 simulated devices (+ model_parallel)
-    python -m tests.jax.programs --table           # all of it, and 2 processes: the figures
+    python -m tests.jax.programs --table     # 2 devices (+ model_parallel), then 2 processes
 """
 
 from __future__ import annotations
 
 import importlib
-import pickle
 import sys
 import tempfile
-import traceback
 
 import numpy as np
 
@@ -32,7 +31,7 @@ def program(name: str):
     return importlib.import_module(f"tests.programs.{name}")
 
 
-def run(name: str, mode: str, reverse_batches: bool = False) -> dict:
+def run(name: str, mode: str) -> dict:
     """One run of program `name` in `mode` (see the module docstring)."""
     import keras
 
@@ -49,8 +48,6 @@ def run(name: str, mode: str, reverse_batches: bool = False) -> dict:
         build = kmp.parallelize(strategy="model_parallel", layout_map=layout_map)(build)
     model = build()
     inputs = module.data()
-    if reverse_batches:
-        inputs = _reversed_batches(inputs)
     with tempfile.TemporaryDirectory() as directory:
         callbacks = module.callbacks(directory, mode != "one") if hasattr(
             module, "callbacks") else []
@@ -65,85 +62,37 @@ def run(name: str, mode: str, reverse_batches: bool = False) -> dict:
             "generated": [c.generated for c in callbacks if hasattr(c, "generated")]}
 
 
-def _reversed_batches(inputs: dict) -> dict:
-    """The same global batches, each with its rows in the opposite order (float noise)."""
-    import keras
-
-    batch = inputs["fit_kwargs"]["batch_size"]
-
-    def reverse(array):
-        out = np.array(array, copy=True)
-        for start in range(0, len(out), batch):
-            out[start:start + batch] = out[start:start + batch][::-1]
-        return out
-
-    return {**inputs, "fit": tuple(keras.tree.map_structure(reverse, a) for a in inputs["fit"])}
-
-
-def every_program(mode: str) -> dict:
-    """`run` of every program in `mode` (a failure kept as its traceback); in the "one" mode
-    also each program's noise, in the "devices" mode also model_parallel."""
-    found = {}
+def runs_of(mode: str) -> list[tuple[str, str]]:
+    """`(program, how)` in the order `every_program(mode)` trains them."""
+    found = []
     for name in JAX_PROGRAMS:
-        runs = [(mode, False)]
-        if mode == "one":
-            runs.append(("one", True))
+        found.append((name, mode))
         if mode == "devices" and getattr(program(name), "LARGE", False):
-            runs.append(("model_parallel", False))
-        for how, reverse in runs:
-            key = f"{name}/{'noise' if reverse else how}"
-            try:
-                found[key] = run(name, how, reverse)
-            except Exception:  # noqa: BLE001 - kept for the test's message
-                found[key] = {"error": traceback.format_exc()}
+            found.append((name, "model_parallel"))
     return found
 
 
-def on_processes() -> dict:
-    """What each `kmp.launch` worker runs: every program on 2 processes."""
-    return every_program("processes")
+def every_program(mode: str) -> None:
+    """`run` of every program in `mode` (`"devices"`: each large-model one also
+    `"model_parallel"`), one after the other: what `kmp.verify` runs."""
+    for name, how in runs_of(mode):
+        run(name, how)
 
 
-def largest_difference(got: dict, want: dict) -> dict:
-    """The largest absolute differences: weights, History, evaluate, predict."""
-    def most(pairs) -> float:
-        return max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64"))))
-                    for a, b in pairs), default=0.0)
+def verified(mode: str):
+    """`kmp.verify`'s report of `every_program(mode)`: 2 devices, or 2 processes."""
+    import keras_mgpu_plugins as kmp
 
-    return {"weights": most(zip(got["weights"], want["weights"], strict=True)),
-            "history": most((got["history"][k], want["history"][k]) for k in want["history"]),
-            "evaluate": most((got["evaluate"][k], want["evaluate"][k]) for k in want["evaluate"]),
-            "predict": most(zip(got["predict"], want["predict"], strict=True))}
+    return kmp.verify(every_program, num_workers=2, args=(mode,), steps=64,
+                      fits=len(runs_of(mode)), processes=mode == "processes", timeout=1700)
 
 
 def main(argv: list[str]) -> None:
-    if argv[0] == "--table":
-        _table()
-        return
-    mode, out = argv
-    if mode == "devices":
-        import keras_mgpu_plugins as kmp
-
-        kmp.simulate_devices(2)
-    with open(out, "wb") as f:
-        pickle.dump(every_program(mode), f)
-
-
-def _table() -> None:
-    """Every program and mode against one device, with the program's noise: the figures of
-    docs/jax.md ("Programs written by others")."""
-    from tests.jax import test_programs
-
-    runs = test_programs.all_runs(tempfile.mkdtemp())
-    print("| program | mode | weights | History | evaluate | predict | noise (weights) |")
-    print("|---|---|---|---|---|---|---|")
-    for name in JAX_PROGRAMS:
-        one, noise = runs["one"][f"{name}/one"], runs["one"][f"{name}/noise"]
-        level = largest_difference(noise, one)["weights"]
-        for mode, found in test_programs.candidates(runs, name):
-            d = largest_difference(found, one)
-            print(f"| {name} | {mode} | {d['weights']:.1e} | {d['history']:.1e} | "
-                  f"{d['evaluate']:.1e} | {d['predict']:.1e} | {level:.1e} |")
+    if argv != ["--table"]:
+        sys.exit("usage: python -m tests.jax.programs --table")
+    for mode in ("devices", "processes"):
+        print("fits:", ", ".join(f"{i + 1} {n}/{h}" for i, (n, h) in enumerate(runs_of(mode))))
+        print(verified(mode), flush=True)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ def refusals() -> dict:
 
 def shuffled_py_dataset(optimizer: str) -> dict:
     """fit(shuffle=True) on a PyDataset, 2 processes: the batch order kmp asked for (a new
-    permutation each pass, shared); one device trained here on the same order."""
+    permutation each pass, shared); then Keras's own fit(shuffle=True) of it on one device,
+    seeded alike (Keras shuffles a PyDataset's batches with Python's `random`)."""
     import keras
 
     import keras_mgpu_plugins as kmp
@@ -151,15 +152,14 @@ def shuffled_py_dataset(optimizer: str) -> dict:
     serve = dataset.__getitem__
     type(dataset).__getitem__ = lambda self, i: asked.append(int(i)) or serve(i)
     history = kmp.parallelize(model)(optimizer).fit(dataset, epochs=EPOCHS, verbose=0)
+    type(dataset).__getitem__ = serve
     keras.distribution.set_distribution(None)
-    reference, count = model(optimizer), ROWS // BATCH
-    for epoch in range(EPOCHS):
-        order = asked[len(asked) - (EPOCHS - epoch) * count:][:count]
-        rows = np.concatenate([np.arange(i * BATCH, (i + 1) * BATCH) for i in order])
-        reference.fit(x[rows], y[rows], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    reference = model(optimizer)
+    alone = reference.fit(py_dataset((x, y)), epochs=EPOCHS, verbose=0)
     return {"asked": asked, "history": history.history,
             "weights": [w.tolist() for w in history.model.get_weights()],
-            "reference": [w.tolist() for w in reference.get_weights()]}
+            "reference": [w.tolist() for w in reference.get_weights()],
+            "reference_history": alone.history}
 
 
 CASES = (("PyDataset", "sgd", 1, ROWS), ("PyDataset", "adam", 1, ROWS),

@@ -78,7 +78,9 @@ def test_shuffle_permutes_a_py_datasets_batches_the_same_way_on_every_process(pa
     assert all(sorted(o) == list(range(count)) for o in orders)  # every batch once per pass
     assert orders[0] != orders[1] or orders[0] != list(range(count))  # shuffled
     for have, expected in zip(first["weights"], first["reference"], strict=True):
-        np.testing.assert_allclose(have, expected, atol=TOLERANCE, rtol=0)
+        np.testing.assert_allclose(have, expected, atol=TOLERANCE, rtol=0)  # one device's order
+    for key, values in first["reference_history"].items():
+        np.testing.assert_allclose(first["history"][key], values, atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["generator", "PyDataset"])

@@ -13,7 +13,7 @@ from tests import fit_settings_scenarios as s
 pytestmark = pytest.mark.timeout(300)
 
 
-def iterators_per_fit(monkeypatch, fits=2):
+def iterators_per_fit(monkeypatch, fits=2, epochs=1, validation=False):
     """The distributed iterators each of `fits` calls of `fit` creates."""
     from tensorflow.python.distribute import input_lib
 
@@ -32,7 +32,8 @@ def iterators_per_fit(monkeypatch, fits=2):
     counts = []
     for _ in range(fits):
         made.clear()
-        model.fit(x, y, batch_size=s.BATCH, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=s.BATCH, epochs=epochs, shuffle=False, verbose=0,
+                  validation_data=(x, y) if validation else None)
         counts.append(len(made))
     return counts
 
@@ -62,3 +63,26 @@ def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
         trainer._maybe_symbolic_build = patched
     assert second == first
 
+
+
+def test_each_epoch_makes_one_iterator_for_its_data(monkeypatch):
+    """Keras makes an iterator at each epoch's start, and one after its last batch that the
+    next epoch replaces unread; kmp does not make that one (`defer_epoch_end_iterator`): a
+    built model's 3-epoch fit makes 3 iterators of its data, and 3 of its validation data."""
+    assert iterators_per_fit(monkeypatch, epochs=3)[1] == 3
+    assert iterators_per_fit(monkeypatch, epochs=3, validation=True)[1] == 6
+
+
+def test_upstream_makes_an_unread_iterator_at_each_epoch_end(monkeypatch):
+    """Without the patch (Keras as released): twice as many. Fails once upstream stops."""
+    from keras_mgpu_plugins.compat import _registry as _compat_patches
+    from keras_mgpu_plugins.compat._names import resolve
+
+    assert "defer_epoch_end_iterator" in compat.patch_keras()
+    iterator_class = resolve("tensorflow epoch iterator")
+    patched = iterator_class._get_iterator
+    _compat_patches._applied["defer_epoch_end_iterator"]()
+    try:
+        assert iterators_per_fit(monkeypatch, epochs=3)[1] == 6
+    finally:
+        iterator_class._get_iterator = patched

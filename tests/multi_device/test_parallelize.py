@@ -151,7 +151,7 @@ def test_keras_that_trains_or_logs_wrongly_when_distributed_is_refused(monkeypat
 
     mirrored = kmp.strategy.get_strategy("mirrored")  # the process's (a second one would collide)
     monkeypatch.setattr(keras, "__version__", version)
-    expected = rf"Keras {version} {says}.*pip install 'keras>=3.10.0'"
+    expected = rf"Keras {version} {says}.*pip install \"keras>=3\.10,<3\.16\""
     with pytest.raises(RuntimeError, match=expected):
         kmp.parallelize(strategy="mirrored")(tiny_model)()
     with pytest.raises(RuntimeError, match=expected):
@@ -162,25 +162,32 @@ def test_keras_that_trains_or_logs_wrongly_when_distributed_is_refused(monkeypat
 
 
 def test_an_unchecked_keras_is_refused_before_the_first_distributed_fit(monkeypatch):
-    """A patch without which the numbers differ is not skipped on an unchecked Keras (a
-    pre-release here): the decorated factory raises, naming it and the switch; with the
-    switch set it trains, after one warning."""
+    """An unchecked Keras (a pre-release here) is refused where kmp distributes, by the
+    version policy of every lane (`compat._policy`, `tests/lanes/test_versions.py`); with
+    the switch set it trains, after one warning."""
+    import warnings
+
     import keras
 
+    from keras_mgpu_plugins.compat import _policy
     from keras_mgpu_plugins.compat import _registry as _compat_patches
 
     kmp.compat.unpatch_keras()
     monkeypatch.setattr(_compat_patches, "_warned_patches", set())
+    monkeypatch.setattr(_policy, "_announced", [])
     monkeypatch.setattr(keras, "__version__", "3.16.0rc0")
     monkeypatch.delenv(kmp.compat.ALLOW_UNCHECKED_ENV, raising=False)
     try:
         with pytest.raises(kmp.compat.UncheckedVersionError,
-                           match=r"(?s)loss_scale_global_finiteness.*Keras 3\.16\.0rc0 still has "
-                                 r"the code it fixes.*KMP_ALLOW_UNCHECKED_VERSIONS=1"):
+                           match=r"not checked with Keras 3\.16\.0rc0 on the TensorFlow lane.*"
+                                 r"KMP_ALLOW_UNCHECKED_VERSIONS=1"):
             kmp.parallelize(strategy="mirrored")(tiny_model)()
         monkeypatch.setenv(kmp.compat.ALLOW_UNCHECKED_ENV, "1")
-        with pytest.warns(UserWarning, match="outside the versions these patches were checked"):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
             model = kmp.parallelize(strategy="mirrored")(tiny_model)()
+        assert [str(w.message)[:60] for w in said] == [
+            "keras_mgpu_plugins was not checked with Keras 3.16.0rc0 (a pr"]
         assert model.distribute_strategy.num_replicas_in_sync == 2
     finally:
         monkeypatch.undo()

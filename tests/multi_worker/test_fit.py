@@ -245,6 +245,31 @@ def test_own_multi_worker_strategy_gets_the_keras_fixes():
     assert losses[0] == losses[1] and len(losses[0]) == 1
 
 
+def fit_in_own_strategy_scope_with_kmp_callbacks():
+    """kmp.compat.patch_keras() and a model built in the scope of the script's own
+    MultiWorkerMirroredStrategy, no decorator: one model over the job, kmp's callbacks act for
+    it (not refused as separate models: `runtime.apart`)."""
+    import tensorflow as tf
+
+    import keras_mgpu_plugins as kmp
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    kmp.compat.patch_keras()
+    x, y = make_data()
+    with strategy.scope():
+        model = build_model()
+    history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0,
+                        callbacks=[kmp.callbacks.EarlyStopping(monitor="loss", patience=1)])
+    return history.history["loss"], [w.tolist() for w in model.get_weights()]
+
+
+def test_a_model_in_the_scripts_own_strategy_scope_trains_with_kmp_callbacks():
+    results = kmp.launch(fit_in_own_strategy_scope_with_kmp_callbacks, num_workers=2,
+                         create_strategy=False, timeout=240, stall_timeout=None)
+    (losses0, weights0), (losses1, weights1) = results
+    assert losses0 == losses1 and len(losses0) == 2 and weights0 == weights1  # one model
+
+
 def test_patch_keras_is_idempotent_and_version_guarded():
     from keras_mgpu_plugins import compat
 

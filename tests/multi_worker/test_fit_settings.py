@@ -82,10 +82,15 @@ def test_steps_per_execution_with_batch_hooks_matches_one_device(workers):
 def test_steps_per_execution_reduces_the_logs_once_per_execution(workers):
     """Per step: the packed gradient all-reduce, and TensorFlow's input check that every
     worker has a batch unless the execution's batches are known to be full; the logs (loss,
-    mae) are reduced across workers after the loop, not per step."""
+    mae) are reduced across workers after the loop, not per step. With one step per
+    execution, the step runs the gradients' all-reduce and one per log (loss, mae); a full
+    batch is fetched with no collective, another with TensorFlow's check (as Keras's own step
+    fetches every batch)."""
     for worker in workers:
         assert worker["loop_collectives"] == {"checked": {"per_step": 2, "per_execution": 1},
-                                              "full_batches": {"per_step": 1, "per_execution": 0}}
+                                              "full_batches": {"per_step": 1, "per_execution": 0},
+                                              "single": {"step": 3, "full_fetch": 0,
+                                                         "checked_fetch": 1}}
 
 
 def test_executions_of_full_batches_skip_the_input_check_and_train_as_one_device(workers):
@@ -104,6 +109,19 @@ def test_executions_of_full_batches_skip_the_input_check_and_train_as_one_device
     for a, b in zip(workers[0]["full_batches"]["weights"], workers[1]["full_batches"]["weights"],
                     strict=True):
         assert np.array_equal(a, b)
+
+
+def test_single_steps_of_full_batches_skip_the_input_check_and_train_as_one_device(workers):
+    """steps_per_execution=1: the 10 full batches' steps fetch without TensorFlow's check,
+    the partial last one keeps it; the weights and the History are one device's."""
+    one = s.full_batch_executions_run("default")["single"]
+    assert one["claims"] == []  # one process: Keras's own step
+    for got in workers:
+        single = got["full_batches"]["single"]
+        assert single["claims"] == [True] * 10 + [False]
+        s.assert_close(single["weights"], one["weights"])
+        for key, values in one["history"].items():
+            np.testing.assert_allclose(single["history"][key], values, atol=1e-5)
 
 
 def test_workers_with_arrays_of_different_lengths_agree_on_the_full_batches(workers):

@@ -250,7 +250,9 @@ def test_output_all_relays_every_workers_output_with_a_worker_prefix(capsys, tmp
     assert _launch(_chatty, output="all", log_dir=str(tmp_path)) == ["0", "1"]
     out, err = capsys.readouterr()
     assert sorted(out.splitlines()) == ["[worker 0] hello from 0", "[worker 1] hello from 1"]
-    assert sorted(err.splitlines()) == ["[worker 0] to stderr 0", "[worker 1] to stderr 1"]
+    threads, *lines = err.splitlines()  # what it set for the workers' threads (test_launch_tuning)
+    assert threads.startswith("kmp.launch: threads of each of 2 workers on ")
+    assert sorted(lines) == ["[worker 0] to stderr 0", "[worker 1] to stderr 1"]
     assert (tmp_path / "worker-1.log").read_text() in ("hello from 1\nto stderr 1\n",
                                                        "to stderr 1\nhello from 1\n")
 
@@ -260,9 +262,12 @@ def test_by_default_only_the_chiefs_output_is_shown_the_others_go_to_their_log(c
     out, err = capsys.readouterr()
     assert out.splitlines() == ["[worker 0] hello from 0"]
     logs = tmp_path / "logs"
-    assert err.splitlines() == [
+    threads, *lines = err.splitlines()  # what it set for the workers' threads (test_launch_tuning)
+    assert threads.startswith("kmp.launch: threads of each of 3 workers on ")
+    assert lines == [
         f"kmp.launch: showing worker 0's output; workers 1-2 write to {logs}/worker-<i>.log "
-        '(output="all" shows every worker\'s)', "[worker 0] to stderr 0"]
+        '(output="all" shows every worker\'s); the runtimes\' own log lines go to the log files '
+        'only (output="verbose" shows them)', "[worker 0] to stderr 0"]
     for i in range(3):  # each file holds its worker's two lines (the two pipes' order varies)
         assert sorted((logs / f"worker-{i}.log").read_text().splitlines()) == [
             f"hello from {i}", f"to stderr {i}"]

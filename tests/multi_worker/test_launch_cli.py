@@ -110,7 +110,7 @@ def test_a_failing_worker_stops_the_others_and_sets_the_exit_code(script, tmp_pa
     lines = done.stderr.splitlines()
     assert "[worker 1]" not in done.stderr  # its output is in its log, and its end here:
     assert "kmp-launch: worker 1 of 2 raised RuntimeError (exit code 1). " \
-           "The other workers were stopped." in lines
+           "The other workers were stopped by the launcher." in lines
     header = lines.index("kmp-launch: last lines of worker 1's output (all of it in "
                          f"{_log_folder(done.stderr)}/worker-1.log):")
     assert lines[-1] == "RuntimeError: script boom on worker 1"

@@ -76,7 +76,8 @@ def test_sigterm_is_forwarded_each_worker_ends_cleanly_saying_nothing_was_saved(
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc)
     assert code == 128 + signal.SIGTERM, err
-    assert "kmp-launch: SIGTERM received: forwarded to every worker" in err
+    assert ("kmp-launch: SIGTERM received: forwarded to every worker; no worker runs a fit "
+            "with kmp.callbacks.BackupAndRestore, so they stop now and nothing is saved") in err
     assert ("[worker 0] kmp: worker 0 of 2 received SIGTERM and stops; nothing was saved: no "
             "fit with kmp.callbacks.BackupAndRestore was running.") in err
     assert "callbacks=[kmp.callbacks.BackupAndRestore(backup_dir=...)]" in err

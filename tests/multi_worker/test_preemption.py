@@ -4,7 +4,9 @@
 `shuffle=True`, seeded). A SIGTERM sent to one worker, or to `kmp-launch` (which forwards
 it), stops every worker at one agreed step with the backup of that step written
 (exit code 75); the same command again resumes mid-epoch and ends with the weights of
-the uninterrupted run, bit for bit.
+the uninterrupted run, bit for bit. The workers check at every step here
+(`--stop-check-interval 0`), so that step is the batch after the signal; at the defaults
+(a check every K steps) see `test_stop_at_defaults.py`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def launch(tmp_path, name, *script_options, workers=2, signal_launcher_at_mark=F
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath), **(env or {})}
     command = [sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(workers),
                "--timeout", "280", *options, str(SCRIPT), str(tmp_path / "backup"), out,
-               *script_options]
+               "--stop-check-interval", "0", *script_options]
     proc = subprocess.Popen(command, cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     if signal_launcher_at_mark:
@@ -70,12 +72,12 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_rerun_is_bit_exact
     code, err, _ = launch(tmp_path, "stopped", "--signal-at", "1:2:1")
     assert code == 75, err[-3000:]
     assert err.rstrip().endswith(
-        "kmp-launch: The job was stopped by SIGTERM (received by worker 1) in epoch 2, after 4 "
+        "kmp-launch: The job was stopped by SIGTERM (received by worker 1) in epoch 2, after 3 "
         "of its batches, the step every worker agreed on; BackupAndRestore saved it in "
         f"{tmp_path / 'backup'}: run the same command again to resume (exit code 75).")
     with open(tmp_path / "backup" / "training_metadata.json") as f:
         record = json.load(f)
-    assert (record["epoch"], record["batches_done"]) == (1, 4)
+    assert (record["epoch"], record["batches_done"]) == (1, 3)
     assert record["training"]["world"] == {"replicas": 2, "workers": 2, "steps": 6}
 
     code, err, out = launch(tmp_path, "resumed")
@@ -89,7 +91,9 @@ def test_sigterm_to_kmp_launch_is_forwarded_and_the_rerun_is_bit_exact(tmp_path,
     code, err, _ = launch(tmp_path, "stopped", "--mark-at", "1:1", "--slow", "0.2",
                           signal_launcher_at_mark=True)
     assert code == 75, err[-3000:]
-    assert "kmp-launch: SIGTERM received: forwarded to every worker" in err
+    assert ("kmp-launch: SIGTERM received: forwarded to every worker; in the fit with "
+            "BackupAndRestore they stop at the next step they check together and save it "
+            "there (120 s at most; SIGTERM again stops them at once).") in err
     assert ("kmp-launch: The job was stopped by SIGTERM (sent to kmp-launch, which forwarded "
             "it to every worker) in epoch 2, after ") in err
     code, err, out = launch(tmp_path, "resumed")
@@ -116,7 +120,7 @@ def test_max_restarts_reruns_after_a_worker_was_stopped_by_a_signal(tmp_path, un
                             options=("--max-restarts", "1"))
     assert code == 0, err[-3000:]
     assert ("kmp-launch: restart 1 of 1: the job was stopped by SIGTERM; resuming from the "
-            f"backup in {tmp_path / 'backup'} (epoch 2, after 4 of its batches).") in err
+            f"backup in {tmp_path / 'backup'} (epoch 2, after 3 of its batches).") in err
     np.testing.assert_array_equal(weights(out), uninterrupted)
 
 

@@ -98,14 +98,17 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 
 def test_sigterm_mid_epoch_then_the_same_command_resumes_bit_exact(tmp_path, uninterrupted):
-    stopped = ok(run(tmp_path, "stopped", *COMMON, "--signal-at", "1:2:1"), 75)
-    assert "after 4 of its batches" in stopped["err"]
+    """Worker 1 gets SIGTERM at the end of epoch 2's 3rd batch; the workers check at every
+    batch's start (`stop_check_interval=0`): they stop before the 4th."""
+    stopped = ok(run(tmp_path, "stopped", *COMMON, "--signal-at", "1:2:1",
+                     "--stop-check-interval", "0"), 75)
+    assert "after 3 of its batches" in stopped["err"]
     with open(tmp_path / "backup" / "training_metadata.json") as f:
         record = json.load(f)
-    assert (record["epoch"], record["batches_done"]) == (1, 4)
-    assert ("framework_rng" in record["training"]) == (BACKEND == "torch")
+    assert (record["epoch"], record["batches_done"]) == (1, 3)
+    assert ("backend_rng_now" in record["training"]) == (BACKEND == "torch")
     resumed = ok(run(tmp_path, "resumed", *COMMON))
-    assert_resumed_as_uninterrupted(resumed, uninterrupted[2], 1, 4)
+    assert_resumed_as_uninterrupted(resumed, uninterrupted[2], 1, 3)
     assert not (tmp_path / "backup").exists()
 
 
@@ -125,10 +128,11 @@ def test_one_process_resumes_bit_exact_its_own_shuffle_and_steps_per_execution(
         tmp_path, uninterrupted):
     """Keras's own shuffle (TensorFlow's, NumPy's on JAX, torch's `RandomSampler`), and on
     TensorFlow and JAX 2 batches per step: the signal at the end of batch index 1 (the
-    epoch's first step there), the stop at the end of the next step."""
+    epoch's first step there), the stop at the next batch's start (one process reads the
+    signal at every batch's start)."""
     ok(run(tmp_path, "stopped", *ONE_PROCESS, "--signal-at", "1:1:0", processes=1), 75)
     with open(tmp_path / "backup" / "training_metadata.json") as f:
         done = json.load(f)["batches_done"]
-    assert done == 2 + (1 if BACKEND == "torch" else 2)
+    assert done == 2
     resumed = ok(run(tmp_path, "resumed", *ONE_PROCESS, processes=1))
     assert_resumed_as_uninterrupted(resumed, uninterrupted[1], 1, done)

@@ -76,14 +76,14 @@ def scenarios(directory):
     out["clean"] = {"replicas": model.distribute_strategy.num_replicas_in_sync,
                     "reports": summary(verifier), "weights": model.get_weights()}
 
-    # 2. built outside any strategy: each worker starts from its own weights
+    # 2. built outside any strategy: each worker would train its own model (refused first)
     plain = build_model()
     start = len(logs)
     try:
         fit(plain, [WeightSyncVerifier()], epochs=1)
         out["outside"] = None
-    except kmp.WeightsOutOfSyncError as err:
-        out["outside"] = (str(err), [(m.path, m.copies) for m in err.mismatches])
+    except kmp.errors.SeparateModelsError as err:
+        out["outside"] = (str(err), int(plain.optimizer.iterations.numpy()))
     out["outside_logs"] = logs[start:]
 
     # 3. worker 1's copy nudged after epoch 2: both workers raise at that check
@@ -181,17 +181,15 @@ def test_no_false_alarm_with_batch_norm_dropout_adam(results):
         assert np.array_equal(a, b)
 
 
-def test_workers_started_from_different_weights_raise_at_train_begin(results):
-    first, second = (r["outside"] for r in results)
-    assert first is not None and first == second
-    message, mismatches = first
-    assert "at train begin" in message and "worker 1 replica 0" in message
-    kinds = sorted(path.rsplit("/", 1)[1] for path, _ in mismatches)
-    assert kinds == ["kernel", "kernel"]  # unseeded kernels; zero biases agree
-    assert all(copies == ((1, 0),) for _, copies in mismatches)
-    said = results[0]["outside_logs"]
-    assert len(said) == 1 and "one replica" in said[0] and "checking across workers only" in said[0]
-    assert results[1]["outside_logs"] == []
+def test_a_model_outside_the_job_strategy_is_refused_before_training(results):
+    """Each worker would train (and the verifier compare) a model of its own: refused on
+    every worker before the first step (`runtime.apart`), the verifier never running."""
+    for rank, result in enumerate(results):
+        message, steps = result["outside"]
+        assert message.startswith(f"This process is rank {rank} of 2 processes on the "
+                                  "TensorFlow lane"), message
+        assert "MultiWorkerMirroredStrategy" in message and steps == 0
+        assert result["outside_logs"] == []
 
 
 def test_both_workers_raise_at_the_same_epoch(results):

@@ -4,19 +4,24 @@
 
 Trains a Dense-Dropout-Dense model with Adam on shuffled arrays, seeded, with
 `kmp.callbacks.BackupAndRestore(BACKUP_DIR)`; the chief saves the final weights
-(concatenated) to OUT.npy and the epochs begun, batches trained and `fit`'s seconds
-(`fit_s`) to OUT.json.
-`--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E (0-based).
+(concatenated) to OUT.npy and the epochs begun, batches trained, `fit`'s seconds
+(`fit_s`) and each epoch's (`epoch_s`, from its start to its end) to OUT.json.
+`--signal-at E:B:W`: worker W sends itself SIGTERM after batch B of epoch E (0-based), and
+writes the time to OUT.signalled.
 `--kill-at E:B:W`: worker W sends itself SIGKILL there instead. Both only in the
 job's first run (`KMP_RESTART` unset or 0: a restart by `--max-restarts` trains on).
 `--mark-at E:B`: the chief writes OUT.mark after batch B of epoch E (a test then
 signals the launcher). `--no-backup`: no BackupAndRestore. `--no-stop-signals`:
-`stop_signals=None`. `--progress`: each worker writes OUT.progress-W ("epoch batch") at
-each batch end (`benchmarks/preemption.py`). `--dropout-seed none`: an unseeded Dropout
-(on torch it draws from torch's global generator). `--spe N`: `steps_per_execution=N`.
-`--hooks`: the chief records, in OUT.json's "hooks", every batch hook its callbacks saw:
-`[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv`: Keras's `CSVLogger(OUT.csv)`.
-OUT.json's "loss" is the last epoch's loss. Any backend.
+`stop_signals=None`. `--stop-check-interval S`: BackupAndRestore's (its default if not
+given; 0: the workers check at every step, so the stop is at the batch after the signal).
+`--progress`: each worker writes OUT.progress-W ("epoch batch") at each batch end
+(`benchmarks/preemption.py`). `--plain`: no callback of the script's own (whose batch-end
+hooks make Keras run every batch-end hook on the training thread); `--sync-hook` adds one
+that does nothing (what running them there costs). `--dropout-seed none`: an unseeded
+Dropout (on torch it draws from torch's global generator). `--spe N`:
+`steps_per_execution=N`. `--hooks`: the chief records, in OUT.json's "hooks", every batch
+hook its callbacks saw: `[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv`:
+Keras's `CSVLogger(OUT.csv)`. OUT.json's "loss" is the last epoch's loss. Any backend.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ parser.add_argument("--hooks", action="store_true")
 parser.add_argument("--csv", action="store_true")
 parser.add_argument("--no-shuffle", action="store_true")
 parser.add_argument("--no-stop-signals", action="store_true")
+parser.add_argument("--stop-check-interval", type=float, default=None)
+parser.add_argument("--plain", action="store_true")
+parser.add_argument("--sync-hook", action="store_true")
 parser.add_argument("--progress", action="store_true",
                     help="each worker writes OUT.progress-W (epoch batch) at each batch end")
 args = parser.parse_args()
@@ -108,6 +116,8 @@ class Events(keras.callbacks.Callback):
         if args.slow:
             time.sleep(args.slow)
         if signal_at and (self.epoch, batch, worker) == signal_at:
+            with open(args.out + ".signalled", "w") as f:
+                f.write(str(time.time()))
             os.kill(os.getpid(), signal.SIGTERM)
         if kill_at and (self.epoch, batch, worker) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -128,24 +138,50 @@ class Progress(keras.callbacks.Callback):
             f.write(f"{self.epoch} {batch}")
 
 
+class EpochTimes(keras.callbacks.Callback):
+    """Each epoch's seconds (no batch hook: Keras's dispatch of batch hooks is unchanged)."""
+
+    def on_train_begin(self, logs=None):
+        self.seconds = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.began = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self.began)
+
+
+class SyncHook(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
 events = Events()
 model = build()
 began = time.perf_counter()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+interval = ({} if args.stop_check_interval is None
+            else {"stop_check_interval": args.stop_check_interval})
 backup = BackupAndRestore(args.backup_dir, save_freq=save_freq,
-                          stop_signals=None if args.no_stop_signals else ("SIGTERM", "SIGUSR1"))
-callbacks = [events] if args.no_backup else [backup, events]
+                          stop_signals=None if args.no_stop_signals else ("SIGTERM", "SIGUSR1"),
+                          **interval)
+epoch_times = EpochTimes()
+callbacks = [epoch_times, *([] if args.no_backup else [backup]), *([] if args.plain else [events])]
 if args.progress:
     callbacks.insert(0, Progress())
+if args.sync_hook:
+    callbacks.append(SyncHook())
 if args.csv:  # first: its on_train_begin runs before BackupAndRestore restores
     callbacks.insert(0, keras.callbacks.CSVLogger(args.out + ".csv"))
-history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
-          verbose=0,
-          callbacks=callbacks)
+history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+                    shuffle=not args.no_shuffle, verbose=0, callbacks=callbacks)
 seconds = time.perf_counter() - began
 weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 if worker == 0:
     np.save(args.out + ".npy", weights)
     with open(args.out + ".json", "w") as f:
-        json.dump({"epochs": events.epochs, "batches": events.batches, "fit_s": seconds,
-                   "loss": float(history.history["loss"][-1]), "hooks": events.hooks}, f)
+        json.dump({"epochs": getattr(events, "epochs", None),
+                   "batches": getattr(events, "batches", None), "fit_s": seconds,
+                   "epoch_s": epoch_times.seconds,
+                   "loss": float(history.history["loss"][-1]),
+                   "hooks": getattr(events, "hooks", None)}, f)

@@ -80,25 +80,26 @@ def parity(optimizer: str = "sgd", rows: int = 23, batch: int = 4, epochs: int =
 
 
 def shuffled(mode="true", rows: int = 22, batch: int = 4, epochs: int = 3) -> dict:
-    """fit(shuffle=...) on the processes, with the global order of each pass kmp drew; alone
-    (`orders` given): one device trained on those orders."""
+    """fit(shuffle=...), with the global order of each pass kmp fed (on several processes;
+    none on one device, where Keras shuffles itself)."""
     from keras_mgpu_plugins.inputs import shuffle
 
     mode = True if mode == "true" else mode
     x, y = data(rows)
     model = factory("adam")
-    drawn, real = [], shuffle.epoch_order
+    drawn, real = [], shuffle.agreed
 
-    def epoch_order(*args):
-        drawn.append(real(*args))
+    def agreed(order, runtime):
+        drawn.append(real(order, runtime))
         return drawn[-1]
 
-    shuffle.epoch_order = epoch_order
+    shuffle.agreed = agreed
     try:
         history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=mode, verbose=0)
     finally:
-        shuffle.epoch_order = real
-    return measured(model, history, orders=np.stack(drawn[-epochs:]))
+        shuffle.agreed = real
+    return measured(model, history,
+                    orders=np.stack(drawn[-epochs:]) if drawn else np.zeros((0, rows)))
 
 
 def replayed(orders: list, batch: int = 4) -> dict:
@@ -151,6 +152,16 @@ def inputs(kind: str, rows: int = 21, batch: int = 4) -> dict:
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False)
         history = model.fit(loader, epochs=2, verbose=0, validation_data=loader)
         predicted = model.predict(loader, verbose=0)
+    elif kind == "four_parts":  # a GAN's batches: (x, y, noise, weights), its own train_step
+        import torch
+
+        model = _four_part_model()
+        noise = np.random.default_rng(1).normal(size=x.shape).astype("float32") * 0.1
+        parts = [torch.from_numpy(a) for a in (x, y, noise, weights[:, None])]
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*parts),
+                                             batch_size=batch, shuffle=False)
+        history = model.fit(loader, epochs=2, verbose=0)
+        predicted = model.predict(x, batch_size=batch, verbose=0)
     elif kind == "class_weight":
         labels = (y > 0).astype("int32")
         model = factory("sgd", loss="bce_logits", metrics=("accuracy",))
@@ -174,6 +185,50 @@ def _dict_model():
         hidden = keras.layers.Dense(5, activation="tanh")(keras.layers.Concatenate()([a, b]))
         model = keras.Model({"a": a, "b": b}, keras.layers.Dense(1)(hidden))
         model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
+        return model
+
+    return build()
+
+
+def _four_part_model():
+    """A model whose own train_step unpacks 4 tensors (Keras's `fit` passes a DataLoader's
+    batches to it as they are), trained with public API only."""
+    import keras
+    import torch
+
+    import keras_mgpu_plugins as kmp
+
+    class FourParts(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.tracker = keras.metrics.Mean(name="loss")
+
+        @property
+        def metrics(self) -> list:
+            return [self.tracker]
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y, noise, weight = data
+            self.zero_grad()
+            loss = keras.ops.mean(weight * keras.ops.square(self(x + noise, training=True) - y))
+            loss.backward()
+            with torch.no_grad():
+                self.optimizer.apply([v.value.grad for v in self.trainable_weights],
+                                     self.trainable_weights)
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+    @kmp.parallelize
+    def build():
+        keras.utils.set_random_seed(7)
+        model = FourParts()
+        model(np.zeros((1, FEATURES), "float32"))  # built: fit needs no symbolic batch
+        model.compile(keras.optimizers.SGD(0.05))
+        model.optimizer.build(model.trainable_variables)
         return model
 
     return build()

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests import quickstart_output
 from tests.torch import helpers
 
 pytestmark = [pytest.mark.slow, pytest.mark.multi_worker, pytest.mark.timeout(400),
@@ -26,6 +27,9 @@ def test_the_quickstart_trains_on_two_processes(tmp_path, how):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Training on 2 replicas (Keras backend: torch), global batch 64" in done.stdout
     assert "samples/s (" in done.stdout
+    if how == "kmp-launch":  # as a user sees it: at most 3 lines of kmp's own
+        assert len(quickstart_output.other_lines(done)) <= quickstart_output.MAX_OTHER_LINES, \
+            "\n".join(quickstart_output.other_lines(done))
     accuracy = float(done.stdout.split("validation accuracy ")[1].split(";")[0])
     assert accuracy > 0.5
     assert (tmp_path / "best.keras").is_file()

@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "keras_mgpu_plugins"
 
 #: The folders that must stay backend-free, and the top-level modules outside them.
 FOLDERS = ("callbacks", "samplers", "integrations", "launch", "runtime", "cluster", "io",
-           "inputs")
+           "inputs", "verify")
 #: Top-level modules kept as the old public paths of modules moved under
 #: `backends/tensorflow/` (documented re-exports of the same module objects), and the
 #: package's `__init__`, which imports the dispatcher so that it hands itself to `_backend`.

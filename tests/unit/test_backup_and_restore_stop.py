@@ -1,7 +1,7 @@
 """`kmp.callbacks.BackupAndRestore` and stop signals, in one process (real signals, real fits).
 
-A SIGTERM during `fit` becomes a backup at the next step and `TrainingStopped` (exit code
-75); the same `fit` again resumes mid-epoch and ends with the weights of an uninterrupted
+A SIGTERM during `fit` becomes a backup before the next step (one process reads whether a
+signal came at each batch's start) and `TrainingStopped` (exit code 75); the same `fit` again resumes mid-epoch and ends with the weights of an uninterrupted
 run, Dropout's random state and the shuffled order included. The bad inputs: a signal
 before the first step, a second signal, a signal during a backup, a backup of another
 model or optimizer.
@@ -89,20 +89,21 @@ def test_sigterm_saves_the_next_step_and_a_rerun_ends_as_an_uninterrupted_run(
     folder = str(tmp_path / "backup")
     stopped = stop(folder, (1, 2))
     assert (stopped.code, stopped.signal, stopped.saved) == (STOPPED_EXIT_CODE, "SIGTERM", True)
-    assert (stopped.epoch, stopped.batches_done, stopped.backup_dir) == (1, 4, folder)
+    assert (stopped.epoch, stopped.batches_done, stopped.backup_dir) == (1, 3, folder)
     err = capfd.readouterr().err
-    assert "kmp received SIGTERM: training stops at the next step every worker agrees on" in err
-    assert ("stopped by SIGTERM (received by worker 0) in epoch 2 (of the progress bar), after 4 "
+    assert ("kmp received SIGTERM: training stops before the next step, once BackupAndRestore "
+            "has saved that step.") in err
+    assert ("stopped by SIGTERM (received by worker 0) in epoch 2 (of the progress bar), after 3 "
             f"of its batches; BackupAndRestore saved that step in {folder}: run the same "
             "command again to resume (exit code 75).") in err
     record = metadata(folder)
-    assert (record["epoch"], record["batch"], record["batches_done"]) == (1, 3, 4)
-    assert set(record["training"]) == {"numpy_rng", "data_order", "seed_generators",
-                                       "structure", "world"}
+    assert (record["epoch"], record["batch"], record["batches_done"]) == (1, 2, 3)
+    assert set(record["training"]) == {"numpy_rng", "python_rng", "backend_rng", "data_order",
+                                       "seed_generators", "structure", "world"}
 
     seen = Signal()
     resumed = fit(build(), [BackupAndRestore(folder), seen])
-    assert seen.trained[:3] == [(1, 4), (1, 5), (2, 0)]  # 4 drawn, seen by no callback
+    assert seen.trained[:4] == [(1, 3), (1, 4), (1, 5), (2, 0)]  # 3 drawn, seen by no callback
     np.testing.assert_array_equal(resumed, uninterrupted)  # bit-exact
     assert not os.path.exists(folder)
 
@@ -138,7 +139,7 @@ def test_a_second_signal_is_said_and_the_stop_goes_on(tmp_path, capfd):
         fit(build(), [BackupAndRestore(folder),
                       Signal((0, 1), signals=(signal.SIGUSR1, signal.SIGTERM))])
     assert "received SIGTERM again: already stopping" in capfd.readouterr().err
-    assert metadata(folder)["batches_done"] == 3
+    assert metadata(folder)["batches_done"] == 2
 
 
 def test_a_signal_during_a_backup_stops_once_that_backup_is_whole(tmp_path, monkeypatch):
@@ -156,7 +157,7 @@ def test_a_signal_during_a_backup_stops_once_that_backup_is_whole(tmp_path, monk
     monkeypatch.setattr(BackupAndRestore, "_write", signalled_write)
     with pytest.raises(TrainingStopped) as stopped:
         fit(build(), [BackupAndRestore(folder, save_freq=2)])
-    assert writes == [2, 4] and stopped.value.batches_done == 4
+    assert writes == [2, 4] and stopped.value.batches_done == 4  # stopped before the 5th
     assert sorted(os.listdir(folder)) == ["latest.weights.h5", "training_metadata.json"]
 
 
@@ -179,9 +180,10 @@ def test_a_backup_of_another_model_or_optimizer_is_refused_before_loading(tmp_pa
     assert "To train from scratch, delete" in text
 
 
-def test_stop_signals_none_handles_no_signal_and_keeps_async_dispatch():
+def test_stop_signals_keep_async_dispatch():
     assert BackupAndRestore("b", stop_signals=None).async_safe is True
-    assert BackupAndRestore("b").async_safe is False  # the per-batch agreement
+    assert BackupAndRestore("b").async_safe is True  # the checks are at a batch's start
+    assert BackupAndRestore("b", save_freq=3).async_safe is False  # backups at batch ends
     assert BackupAndRestore("b", stop_signals=["USR2", 15]).stop_signals == ("SIGUSR2", "SIGTERM")
     with pytest.raises(ValueError, match="not SIGKILL or SIGSTOP.*Received: stop_signals='KILL'"):
         BackupAndRestore("b", stop_signals="KILL")
@@ -202,7 +204,7 @@ def test_at_an_epochs_last_batch_the_stop_waits_for_its_end(tmp_path, uninterrup
     """A resumed fit never skips every batch of an epoch (TensorFlow's epoch logs would fail:
     no metric built): the stop, and a periodic backup due then, come at the epoch's end."""
     folder = str(tmp_path / "backup")
-    stopped = stop(folder, (1, 4), save_freq=6)  # the signal at the 5th of 6, seen at the 6th
+    stopped = stop(folder, (1, 5), save_freq=6)  # the signal at the 6th of 6
     assert (stopped.epoch, stopped.batches_done) == (2, 0)
     assert "at the end of epoch 2;" in stopped.message
     assert (metadata(folder)["epoch"], metadata(folder)["batches_done"]) == (2, 0)

@@ -27,6 +27,7 @@ from packaging.version import Version
 import keras_mgpu_plugins as kmp
 from keras_mgpu_plugins import compat
 from keras_mgpu_plugins.callbacks import BackupAndRestore, ModelCheckpoint
+from keras_mgpu_plugins.compat import _policy
 from keras_mgpu_plugins.compat import _private_uses as _keras_private
 from keras_mgpu_plugins.compat import _registry as _compat_patches
 from tests.versions import prerelease
@@ -43,6 +44,7 @@ def in_compat(path: pathlib.Path) -> bool:
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     monkeypatch.setattr(_keras_private, "_warned", set())
+    monkeypatch.setattr(_policy, "_announced", [])  # the version policy's one warning
     forget_checks(monkeypatch)
 
 
@@ -91,8 +93,11 @@ def test_every_private_use_is_there_in_the_installed_keras(use):
         assert compat.require(use.name) is True
         return
     assert not use.applies_to(version)
-    with pytest.warns(UserWarning, match="still has it, so it is used"):
-        assert compat.require(use.name) is True
+    if use.library != "keras":
+        with pytest.warns(UserWarning, match="still has it, so it is used"):
+            assert compat.require(use.name) is True
+        return
+    assert compat.require(use.name) is True  # folded in the version policy's one warning
 
 
 def test_every_private_use_has_a_behaviour_test_here():
@@ -112,6 +117,41 @@ def test_the_table_states_its_range():
 
 
 # --- each use, in real Keras ------------------------------------------------------------
+
+
+def test_use_keras_shuffle_draws():
+    """kmp's draws equal Keras's own adapters' on one process, and leave the random states
+    where Keras leaves them (torch's: tests/torch/test_shuffle_order.py)."""
+    import random
+
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_mgpu_plugins.inputs import shuffle
+
+    assert compat.require("keras_shuffle_draws")
+    for mode in (True, "batch"):
+        np.random.seed(3)
+        adapter = ArrayDataAdapter(np.arange(20), batch_size=8, shuffle=mode)
+        rows = np.concatenate([np.asarray(b[0] if isinstance(b, tuple) else b).reshape(-1)
+                               for b in adapter.get_numpy_iterator()])
+        after = np.random.randint(1 << 30)
+        np.random.seed(3)
+        assert shuffle.numpy_order(20, 8, mode).tolist() == rows.tolist()
+        assert np.random.randint(1 << 30) == after
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return np.full((1, 1), i, "float32")
+
+    random.seed(4)
+    order = [int(np.asarray(b).reshape(-1)[0])
+             for b in PyDatasetAdapter(Batches(), shuffle=True).get_numpy_iterator()]
+    random.seed(4)
+    assert shuffle.batch_order(5).tolist() == order
 
 
 @pytest.mark.slow  # a real fit
@@ -306,7 +346,7 @@ def test_use_async_safe(monkeypatch):
     assert keras.callbacks.CallbackList([hook])._async_train is True
     assert BackupAndRestore("b", stop_signals=None).async_safe is True
     assert BackupAndRestore("b", 3, stop_signals=None).async_safe is False
-    assert BackupAndRestore("b").async_safe is False  # stop signals: agreed at each batch end
+    assert BackupAndRestore("b").async_safe is True  # stop signals: checked at a batch's start
 
 
 @pytest.mark.slow  # a real fit
@@ -579,7 +619,8 @@ def patch_quietly():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         applied = compat.patch_keras()
-    return applied, [str(w.message) for w in caught if "kmp.compat" in str(w.message)]
+    return applied, [str(w.message) for w in caught if "kmp.compat" in str(w.message)
+                     or "keras_mgpu_plugins was not checked" in str(w.message)]
 
 
 @pytest.mark.parametrize(("version", "present", "allow", "applied", "note"), [
@@ -616,9 +657,13 @@ def test_a_patch_that_changes_results_fails_closed_outside_its_range(monkeypatch
     with pytest.raises(compat.UncheckedVersionError) as raised:
         compat.patch_keras()
     message = str(raised.value)
-    for name in results_changing(library):
-        assert f"{name} (" in message
-    assert f"still has the code it fixes; checked for {_compat_patches._LIBRARY_NAMES[library]} >=" in message
+    if library == "keras":  # the version policy of every lane decides first (compat._policy)
+        assert message.startswith(f"keras_mgpu_plugins was not checked with Keras {version} "
+                                  "on the TensorFlow lane")
+    else:
+        for name in results_changing(library):
+            assert f"{name} (" in message
+        assert f"still has the code it fixes; checked for {_compat_patches._LIBRARY_NAMES[library]} >=" in message
     assert "KMP_ALLOW_UNCHECKED_VERSIONS=1" in message
     assert _compat_patches._applied == {}  # nothing half-applied
 
@@ -645,8 +690,9 @@ def test_newer_keras_still_with_the_bug_is_patched_with_one_warning_when_allowed
     monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
     applied, notes = patch_quietly()
     assert applied == [p.name for p in _compat_patches.PATCHES]
-    assert len(notes) == 1  # one line per process, not one per patch
-    assert notes[0].count("Keras 3.16.0 still has the code it fixes") == len(applied)
+    assert len(notes) == 1  # one line per process, not one per patch: the version policy's
+    assert notes[0].startswith("keras_mgpu_plugins was not checked with Keras 3.16.0 (newer")
+    assert "KMP_ALLOW_UNCHECKED_VERSIONS=1 is set" in notes[0]
     compat.unpatch_keras()
     assert patch_quietly() == (applied, [])  # no second warning
 
@@ -657,6 +703,9 @@ def test_keras_without_the_buggy_code_is_not_patched_and_says_so(monkeypatch, un
     monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
     applied, notes = patch_quietly()
     assert applied == [] and len(notes) == 1
+    if version == "3.16.0":  # an unchecked Keras: the version policy's one warning says it
+        assert notes[0].startswith("keras_mgpu_plugins was not checked with Keras 3.16.0")
+        return
     assert notes[0].count(f"Keras {version} no longer has the code it fixes") == len(
         _compat_patches.PATCHES)
 
@@ -669,8 +718,10 @@ def test_newer_keras_with_the_api_still_there_goes_on_with_one_warning(monkeypat
     """A pre-release is never taken for a checked version, even where it sorts inside the range."""
     monkeypatch.setattr(keras, "__version__", version)
     monkeypatch.setattr(_keras_private, "_warned", set())
-    with pytest.warns(UserWarning, match=rf"checked for Keras >=3.10.0,<3.16.0; Keras {version}"):
-        assert compat.require("model_checkpoint_hooks") is True
+    monkeypatch.setattr(_policy, "_announced", [])
+    with pytest.warns(UserWarning, match=rf"not checked with Keras {version} \(.*checked: "
+                                         r"Keras >=3.10.0,<3.16.0\)"):
+        assert compat.require("model_checkpoint_hooks") is True  # the policy's one warning
     import warnings
 
     with warnings.catch_warnings():

@@ -422,12 +422,25 @@ def test_summary_table_shows_each_device_over_the_run():
         "Device metrics over 2 epoch(s), 16 timed step(s): step time mean 12.0 ms, p50 11.5 ms, "
         "p95 20.2 ms; 2560.0 samples/s (1280.0 per replica)"
     )
-    assert lines[1].split() == ["worker", "device", "memory", "MB", "peak", "MB", "util", "%",
-                                "power", "W", "temp", "C"]
-    # memory: last; peak: highest; utilisation: mean; no NVML power: "-"
-    assert lines[2].split() == ["0", "GPU:0", "150.0", "151.0", "30.0", "-", "-"]
-    assert lines[3].split() == ["0", "GPU:1", "250.0", "301.0", "70.0", "-", "-"]
+    # memory: last; peak: highest; utilisation: mean; no power or temperature (no NVML
+    # figure for any device), no column
+    assert lines[1].split() == ["worker", "device", "memory", "MB", "peak", "MB", "util", "%"]
+    assert lines[2].split() == ["0", "GPU:0", "150.0", "151.0", "30.0"]
+    assert lines[3].split() == ["0", "GPU:1", "250.0", "301.0", "70.0"]
     assert lines[5].split()[:3] == ["0", "host", "800.0"]
+
+
+@pytest.mark.parametrize("tf_host", [None, 12.0])
+def test_the_host_table_has_the_tf_column_only_where_tensorflow_reports_it(tf_host):
+    """On JAX and torch no TensorFlow host allocator is read: no "TF host MB" column (it
+    showed "-" there before)."""
+    host = {"memory_mb": 5.0, "cpu_pct": 50.0}
+    if tf_host is not None:
+        host["tf_peak_memory_mb"] = tf_host
+    table = summary_table([[rec.WorkerRecord(run={}, host=host, devices={})]], np.full(4, NAN), 0)
+    header, row = table.splitlines()[-2:]
+    assert ("TF host MB" in header) == (tf_host is not None)
+    assert row.split() == ["0", "host", "5.0", "5.0", "50.0", *(["12.0"] if tf_host else [])]
 
 
 def test_summary_table_without_gpu_says_so():

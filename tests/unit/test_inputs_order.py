@@ -1,5 +1,6 @@
-"""`inputs.arrays.fit_arguments` and the order BackupAndRestore records (`_data_order`): a fit
-whose rows kmp does not shuffle itself leaves no former fit's order registered."""
+"""`inputs.arrays.fit_arguments` on several processes: a shuffled fit of arrays feeds the rows in
+the order Keras draws them on one device (from NumPy's global state, which BackupAndRestore
+records), and registers no order of its own (`_data_order`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from keras_mgpu_plugins.runtime import Rank
 class _TwoProcesses:
     """Process 0 of 2; its collectives answer as if the other process agreed."""
 
+    spans_workers = True
+
     def rank(self) -> Rank:
         return Rank(0, 2, True)
+
+    def all_gather(self, value: np.ndarray) -> np.ndarray:
+        return np.stack([value, value])
 
     def broadcast(self, value: np.ndarray) -> np.ndarray:
         return value
@@ -38,12 +44,14 @@ def _fit(x, y=None, shuffle=True) -> dict:
     return arguments
 
 
-def test_a_shuffled_fit_of_arrays_registers_its_order_and_the_next_fit_clears_it():
-    x, y = np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32")
-    fed = _fit(x, y)["x"]
-    assert _data_order.current() is fed and fed.state()["rows"] == 8
-    _fit(_Batches(), shuffle=False)  # a PyDataset: its order is not kmp's arrays'
+def test_a_shuffled_fit_of_arrays_feeds_numpys_order_and_registers_none():
+    x = np.arange(8, dtype="float32")[:, None]
+    fed = _fit(x, x.copy())["x"]
     assert _data_order.current() is None
-    _fit(x, y)
-    _fit(x, y, shuffle=False)
+    np.random.seed(5)
+    order = np.random.permutation(8)  # what Keras's NumPy iterator draws at a pass's start
+    np.random.seed(5)
+    rows = [fed[i][0][:, 0].astype(int).tolist() for i in range(2)]
+    assert rows == [order[0:2].tolist(), order[4:6].tolist()]  # process 0's half of each batch
+    _fit(_Batches(), shuffle=False)
     assert _data_order.current() is None

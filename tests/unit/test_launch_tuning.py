@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from keras_mgpu_plugins.compat import _env as _compat_env
-from keras_mgpu_plugins.launch._tuning import THREAD_VARS, usable_cpus, worker_tuning
+from keras_mgpu_plugins.launch._tuning import (
+    SHARE_VAR,
+    THREAD_VARS,
+    threads_line,
+    usable_cpus,
+    worker_tuning,
+)
 
 KNOWN_TF = "2.21.0"
 
@@ -56,21 +62,43 @@ def test_the_installed_tensorflow_is_read_without_importing_it():
     assert ("tensorflow" in sys.modules) == imported
 
 
-def test_threads_are_shared_between_the_workers_of_a_host():
+def test_threads_are_shared_between_the_workers_of_a_host_on_every_backend():
     extra = worker_tuning({}, num_workers=2, cpus=16)
-    assert {name: extra[name] for name in THREAD_VARS} == {
-        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "8"}
-    assert worker_tuning({}, num_workers=4, cpus=2)["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert {name: extra[name] for name in (*THREAD_VARS, SHARE_VAR)} == {
+        "OMP_NUM_THREADS": "8",  # torch's intra-op threads (as torchrun sets it), MKL, oneDNN
+        "TF_NUM_INTRAOP_THREADS": "8", "TF_NUM_INTEROP_THREADS": "8",
+        "PJRT_NPROC": "8",  # XLA's CPU client (JAX)
+        "KMP_WORKER_THREADS": "8"}  # torch's inter-op threads (set at the first fit)
+    assert set(worker_tuning({}, num_workers=4, cpus=2).values()) >= {"1"}
+    assert worker_tuning({}, num_workers=4, cpus=2)["OMP_NUM_THREADS"] == "1"
 
 
 def test_one_worker_keeps_the_whole_host():
-    assert not set(worker_tuning({}, num_workers=1, cpus=16)) & set(THREAD_VARS)
+    assert not set(worker_tuning({}, num_workers=1, cpus=16)) & {*THREAD_VARS, SHARE_VAR}
+    assert threads_line("kmp-launch", {}, {}, 1, cpus=16) is None
 
 
-def test_the_users_thread_settings_win():
-    extra = worker_tuning({"TF_NUM_INTRAOP_THREADS": "3"}, num_workers=2, cpus=16)
-    assert "TF_NUM_INTRAOP_THREADS" not in extra
-    assert extra["TF_NUM_INTEROP_THREADS"] == "8"
+@pytest.mark.parametrize("users, kept", [
+    ({"TF_NUM_INTRAOP_THREADS": "3"}, ["TF_NUM_INTRAOP_THREADS"]),
+    ({"OMP_NUM_THREADS": "4"}, ["OMP_NUM_THREADS"]),
+    ({"MKL_NUM_THREADS": "4"}, ["OMP_NUM_THREADS"]),  # torch reads MKL's over OpenMP's
+    ({"NPROC": "2"}, ["PJRT_NPROC"]),  # XLA reads PJRT_NPROC, then NPROC
+    ({"KMP_WORKER_THREADS": "2"}, ["KMP_WORKER_THREADS"]),
+])
+def test_a_thread_setting_the_user_gave_is_kept_and_said(users, kept):
+    extra = worker_tuning(users, num_workers=2, cpus=16)
+    assert not set(kept) & set(extra)
+    assert {n: extra[n] for n in (*THREAD_VARS, SHARE_VAR) if n not in kept} == {
+        n: "8" for n in (*THREAD_VARS, SHARE_VAR) if n not in kept}
+    line = threads_line("kmp-launch", users, extra, 2, cpus=16)
+    assert line.endswith("; kept yours: " + " ".join(f"{n}={v}" for n, v in users.items()))
+
+
+def test_the_launchers_line_says_what_it_set():
+    extra = worker_tuning({"OMP_NUM_THREADS": "4"}, num_workers=2, cpus=2)
+    assert threads_line("kmp-launch", {"OMP_NUM_THREADS": "4"}, extra, 2, cpus=2) == (
+        "kmp-launch: threads of each of 2 workers on 2 cores: TF_NUM_INTRAOP_THREADS=1 "
+        "TF_NUM_INTEROP_THREADS=1 PJRT_NPROC=1 torch inter-op=1; kept yours: OMP_NUM_THREADS=4")
 
 
 def test_usable_cpus_follows_the_affinity_mask():

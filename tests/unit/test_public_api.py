@@ -31,6 +31,13 @@ def test_launch_is_callable_even_after_its_module_is_imported():
     assert kmp.launch.WorkerFailedError is launch_module.WorkerFailedError
 
 
+def test_verify_is_callable_even_after_its_package_is_imported():
+    import keras_mgpu_plugins.verify as verify_package
+
+    assert callable(kmp.verify) and callable(verify_package)
+    assert verify_package.VerifyReport is kmp.VerifyReport
+
+
 def test_wandb_logger_importable_path():
     from keras_mgpu_plugins.integrations import wandb as kmp_wandb
 

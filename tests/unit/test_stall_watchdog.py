@@ -76,6 +76,22 @@ def test_stuck_is_the_worker_outside_tensorflow():
     assert "worker 1: stuck in sleep_forever (x/train.py:9)" in verdict.message
 
 
+def test_a_worker_that_reads_no_peer_names_only_itself():
+    """No shared heartbeat folder (a scheduler's job across hosts): a worker stuck in Python
+    names itself after `timeout`; one waiting inside its framework (for a peer that will
+    fail first) fails after twice `timeout`, naming no one stuck."""
+    stuck = _report(1, 21, inside_tf=False, where="in act (conformance/job.py:136)")
+    verdict = _stall.decide_alone(stuck, 1, 20, now=1000.0)
+    assert verdict.stuck == (1,) and "stuck: worker 1\n" in verdict.message
+    assert "worker 1: stuck in act (conformance/job.py:136)" in verdict.message
+    assert "directory=" in verdict.message
+    waiting = _report(0, 25, where="inside JAX at convert_to_numpy (jax/core.py:409)")
+    assert _stall.decide_alone(waiting, 0, 20, now=1000.0) is None
+    late = _stall.decide_alone(_report(0, 41, where="inside JAX at x"), 0, 20, now=1000.0)
+    assert late.stuck == () and "a peer is stuck or gone" in late.message
+    assert _stall.decide_alone(_report(0, 99, state="busy"), 0, 20, now=1000.0) is None
+
+
 def test_all_inside_tensorflow_names_the_least_progress():
     reports = {0: _report(0, 25, progress=12), 1: _report(1, 22, progress=9),
                2: _report(2, 30, progress=12)}

@@ -18,6 +18,19 @@ def runtime_of(model: Any = None) -> Any:
     return JaxRuntime.for_model(model)
 
 
+def saving_in_a_job() -> str:
+    """What saving the model takes in a job of several processes on this lane (messages)."""
+    return ("reading a model's variables laid out over every process's devices (a "
+            "keras.distribution over jax.distributed) to save them needs every process")
+
+
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other processes, or `None` (`runtime.apart`)."""
+    from keras_mgpu_plugins.backends.jax.runtime import apart as why
+
+    return why(model)
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """`n` CPU devices, set before JAX's backend starts."""
     from keras_mgpu_plugins.backends.jax.devices import simulate_devices as split
@@ -145,14 +158,20 @@ def joined() -> None:
     return None
 
 
-def rng_state() -> None:
-    """Keras on this backend draws from no global generator of its framework (its seed
-    generators are the model's variables): nothing beyond them to back up."""
+def random_state() -> None:
+    """No global generator of this backend's own that Keras's input pipeline draws from."""
     return None
 
 
-def set_rng_state(state: bytes) -> None:
-    """Nothing to restore (`rng_state`)."""
+def set_random_state(state: object) -> None:
+    """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: a random layer already draws over the global batch on JAX (its arrays
+    are global: `kmp.parallelize(random_layers="one_device")` changes nothing here)."""
+    return None
 
 
 def drop_fed(model: Any, count: int) -> None:

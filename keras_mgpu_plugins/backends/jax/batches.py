@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from keras_mgpu_plugins.inputs import packed
 from keras_mgpu_plugins.inputs.streams import rows_of
 
 #: Marks the distributions kmp made or adopted: only their batches are laid out here.
@@ -95,7 +96,9 @@ def patch_distribute_data() -> Any:
     original = module._distribute_data
 
     def _distribute_data(data: Any, layouts: Any = None, **kwargs: Any) -> Any:
-        return distribute(original, data, layouts, **kwargs)
+        # a batch of more than 3 parts kmp served packed (`inputs.packed`): laid out as it is,
+        # then given to the step as the input yielded it
+        return packed.unpack(distribute(original, data, layouts, **kwargs))
 
     return replace(module, "_distribute_data", _distribute_data)
 

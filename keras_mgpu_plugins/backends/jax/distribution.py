@@ -44,14 +44,18 @@ def initialize(plan: Plan | None = None) -> bool:
     """
     import jax
 
+    from keras_mgpu_plugins.compat import check_keras_for_distribution
+
     if jax.distributed.is_initialized():  # by kmp, or by the script (keras.distribution)
         several = jax.process_count() > 1
         if several:
+            check_keras_for_distribution()
             _install_worker_checks()
         return several
     plan = plan or planned_processes()
     if plan is None:
         return False
+    check_keras_for_distribution()  # the version policy of every lane, before Keras's code
     host, _, port = plan.coordinator_address.rpartition(":")
     bind = f"127.0.0.1:{port}" if host in _LOCAL_HOSTS else None
     if jax.config.jax_cpu_collectives_implementation in (None, ""):
@@ -101,6 +105,9 @@ def parallelize_jax(factory: Callable[..., Any] | None, strategy: Any, devices: 
             distribution = _distribution(strategy, devices, layout_map)
             if distribution is None:
                 return _checked(fn, fn(*args, **kwargs), False, require_compiled)
+            from keras_mgpu_plugins.compat import check_keras_for_distribution
+
+            check_keras_for_distribution()  # the version policy of every lane
             with distribution.scope():  # the model's variables laid out as they are created
                 model = _checked(fn, fn(*args, **kwargs), True, require_compiled)
             from keras_mgpu_plugins.backends.jax import methods
@@ -171,8 +178,9 @@ def _check_strategy(strategy: Any, devices: Any, micro_batches: Any, layout_map:
 
 
 def _distribution(strategy: str, devices: Any, layout_map: Any = None) -> Any:
-    """The `DataParallel` over every device of every process (`None` for "default"), or a
-    fresh `ModelParallel` for "model_parallel" and "hybrid" (`backends.jax.model_parallel`)."""
+    """The `DataParallel` over every device of every process (`None` for "default", and on a
+    job of one device: plain Keras), or a fresh `ModelParallel` for "model_parallel" and
+    "hybrid" (`backends.jax.model_parallel`)."""
     if strategy == "default":
         return None
     initialize()
@@ -184,6 +192,12 @@ def _distribution(strategy: str, devices: Any, layout_map: Any = None) -> Any:
 
         return model_parallel.distribution(devices, layout_map, strategy == "hybrid")
 
+    if jax.device_count() == 1 and (devices is None or len(devices) == 1):
+        # One device in the whole job: plain Keras, as TensorFlow's "auto" gives no strategy
+        # there. A DataParallel of one device compiles the train step twice more than plain
+        # Keras (its variables, made on the device, are not laid out on the one-device mesh
+        # the step's outputs are, nor are its metrics' after a reset) and lays out each batch.
+        return None
     if devices is not None:
         if jax.process_count() > 1:
             raise ValueError("devices names this process's devices; with several processes the "

@@ -16,10 +16,11 @@ import functools
 import inspect
 from typing import Any
 
+from keras_mgpu_plugins import _keras_writers
 from keras_mgpu_plugins.backends.jax import batches, feeding, models
 from keras_mgpu_plugins.backends.jax.runtime import JaxRuntime
 from keras_mgpu_plugins.inputs import arrays
-from keras_mgpu_plugins.runtime import calls
+from keras_mgpu_plugins.runtime import apart, calls
 
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _ARRANGED = {"fit": arrays.fit_arguments, "evaluate": arrays.evaluate_arguments,
@@ -91,6 +92,8 @@ def _arranged(name: str, original: Any) -> Any:
         bound.apply_defaults()
         arguments = {k: v for k, v in bound.arguments.items()
                      if k != "self" and signature.parameters[k].kind != _VAR_KEYWORD}
+        if name == "fit":  # one process too: a writer this environment cannot run, refused
+            _keras_writers.check_installed(apart.given_callbacks(arguments.get("callbacks")))
         with distribution.scope():
             arrange(arguments, feeding.JaxSharing(runtime, distribution, found.partial))
             return original(self, **arguments, **extra)

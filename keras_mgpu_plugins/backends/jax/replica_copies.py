@@ -41,9 +41,9 @@ class Copy:
     def shard(self) -> Any:
         """The variable's current buffer on this copy's device (read at call time: every
         training step replaces the variable's array)."""
-        for shard in self.variable.value.addressable_shards:
-            if shard.device == self.device:
-                return shard.data
+        for device, data in local_buffers(self.variable.value):
+            if device == self.device:
+                return data
         raise RuntimeError(f"{self.variable.path} has no copy on {self.device} any more")
 
 
@@ -141,9 +141,24 @@ def local_copies(variable: Any) -> tuple[Copy, ...]:
     import jax
 
     order = {device: i for i, device in enumerate(jax.local_devices())}
-    devices = sorted((s.device for s in variable.value.addressable_shards),
+    devices = sorted((device for device, _ in local_buffers(variable.value)),
                      key=lambda d: order.get(d, len(order) + d.id))
     return tuple(Copy(variable, d) for d in devices)
+
+
+def local_buffers(array: Any) -> list[tuple[Any, Any]]:
+    """`(device, single-device array)` for each of this process's devices holding part of
+    `array`. On JAX 0.10 `addressable_shards` raises for an array that `jax.device_put`
+    replicated from a `jax.Array` over several processes of one device each ("An argument
+    array had 2 shard(s)": Keras's variables under `DataParallel` on `kmp-launch -n 2`); its
+    one local copy is then `addressable_data(0)`."""
+    try:
+        return [(shard.device, shard.data) for shard in array.addressable_shards]
+    except ValueError:
+        if len(array.sharding.addressable_devices) != 1:
+            raise
+        data = array.addressable_data(0)
+        return [(next(iter(data.devices())), data)]
 
 
 def host_value(copy: Copy) -> np.ndarray:
@@ -158,7 +173,7 @@ def assign(copy: Copy, value: np.ndarray) -> None:
     import jax
 
     current = copy.variable.value
-    arrays = [jax.device_put(np.asarray(value, dtype=current.dtype), s.device)
-              if s.device == copy.device else s.data for s in current.addressable_shards]
+    arrays = [jax.device_put(np.asarray(value, dtype=current.dtype), device)
+              if device == copy.device else data for device, data in local_buffers(current)]
     copy.variable.assign(jax.make_array_from_single_device_arrays(
         current.shape, current.sharding, arrays))

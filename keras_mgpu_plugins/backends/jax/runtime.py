@@ -121,6 +121,27 @@ class JaxRuntime(Runtime):
         return Tracked(variables, optimizer_vars, statistics, key)
 
 
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other processes (`runtime.apart`): it
+    runs under no `keras.distribution` whose mesh spans them (`None` where it does)."""
+    if JaxRuntime.for_model(model).spans_workers:
+        return None
+    import keras
+
+    from keras_mgpu_plugins.backends.jax import models
+
+    distribution = models.distribution_of(model) or keras.distribution.distribution()
+    runs = ("under no keras.distribution" if distribution is None else
+            f"under a {type(distribution).__name__} over this process's devices only")
+    if models.arranged(model) is not None:  # strategy="model_parallel": one process's devices
+        runs += (" (strategy='model_parallel' splits a model over one process's devices; "
+                 "strategy='hybrid' trains one model over every process: the data across the "
+                 "processes, the model split within each)")
+    return ("on JAX a model trains as one over several processes only under a "
+            "keras.distribution whose device mesh spans them (jax.distributed started first), "
+            f"and this one runs {runs}")
+
+
 class _JaxStore:
     """`runtime.calls.Store` over JAX's coordination service client."""
 

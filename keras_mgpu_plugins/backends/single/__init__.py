@@ -23,6 +23,16 @@ def runtime_of(model: Any = None) -> Any:
     return SingleProcess()
 
 
+def saving_in_a_job() -> str:
+    """No job of several processes on this backend (messages)."""
+    return "this backend trains in one process only"
+
+
+def apart(model: Any) -> None:
+    """One process: no model trains apart from others (`runtime.apart`)."""
+    return None
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """One device only: Keras has no distributed `fit` on this backend."""
     if n == 1:
@@ -149,14 +159,19 @@ def joined() -> None:
     return None
 
 
-def rng_state() -> None:
-    """Keras on this backend draws from no global generator of its framework (its seed
-    generators are the model's variables): nothing beyond them to back up."""
+def random_state() -> None:
+    """No global generator of this backend's own that Keras's input pipeline draws from."""
     return None
 
 
-def set_rng_state(state: bytes) -> None:
-    """Nothing to restore (`rng_state`)."""
+def set_random_state(state: object) -> None:
+    """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> None:
+    """`None`: one device: a random layer draws for the whole batch."""
+    return None
 
 
 def drop_fed(model: Any, count: int) -> None:

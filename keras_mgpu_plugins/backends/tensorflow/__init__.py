@@ -17,6 +17,18 @@ def runtime_of(model: Any = None) -> Any:
     return TensorFlowRuntime.for_model(model)
 
 
+def saving_in_a_job() -> str:
+    """What saving the model takes in a job of several processes on this lane (messages)."""
+    return "saving a model under MultiWorkerMirroredStrategy needs every worker"
+
+
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other workers, or `None` (`runtime.apart`)."""
+    from keras_mgpu_plugins.backends.tensorflow.runtime import apart as why
+
+    return why(model)
+
+
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
     """Splits the first GPU (else the CPU) into `n` logical devices."""
     from keras_mgpu_plugins.backends.tensorflow.devices import simulate_devices as split
@@ -111,14 +123,28 @@ def joined() -> None:
     return None
 
 
-def rng_state() -> None:
-    """Keras on this backend draws from no global generator of its framework (its seed
-    generators are the model's variables): nothing beyond them to back up."""
+def random_state() -> None:
+    """No global generator of this backend's own that Keras's input pipeline draws from."""
     return None
 
 
-def set_rng_state(state: bytes) -> None:
-    """Nothing to restore (`rng_state`)."""
+def set_random_state(state: object) -> None:
+    """Nothing to give back (`random_state`)."""
+    return None
+
+
+def row_span(rows: Any) -> Any:
+    """Where this replica's `rows` of the global batch start, and the global batch's rows:
+    `(offset, total)` (tensors), in a replica context of several replicas, else `None`
+    (`kmp.parallelize(random_layers="one_device")`; one all-gather of the row counts)."""
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    sizes = context.all_gather(tf.reshape(tf.cast(rows, tf.int32), [1]), axis=0)
+    index = context.replica_id_in_sync_group
+    return tf.reduce_sum(sizes[:index]), tf.reduce_sum(sizes)
 
 
 def drop_fed(model: Any, count: int) -> None:

@@ -111,6 +111,21 @@ class TensorFlowRuntime(Runtime):
                        statistics, key)
 
 
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other workers (`runtime.apart`): built
+    under no strategy spanning them (`None` where its strategy does)."""
+    import tensorflow as tf
+
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    if _rank.spans_workers(strategy):
+        return None
+    name = tf_distribute_name(tf, strategy)
+    built = ("under no strategy (TensorFlow's default)" if name == "default" else
+             f"under a {name}, which spans this worker only")
+    return ("on TensorFlow a model trains as one over several workers only when it is built "
+            f"under the job's MultiWorkerMirroredStrategy, and this one was built {built}")
+
+
 def tf_distribute_name(tf: Any, strategy: Any) -> str:
     """The `tf.distribute` class `strategy` is an instance of, by its public name
     (`"MirroredStrategy"`), or `"default"` for TensorFlow's default strategy."""

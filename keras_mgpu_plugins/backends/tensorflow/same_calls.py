@@ -54,7 +54,8 @@ def _together(name: str, original: Any) -> Any:
         if not kwargs.get("_use_cached_eval_dataset"):  # fit's validation: within fit's call
             from keras_mgpu_plugins import runtime
 
-            calls.together(runtime.of(self), name, self)  # every worker, or all raise
+            here = runtime.of(self, refuse_apart=False)  # (a model on one worker alone: no wait)
+            calls.together(here, name, self)  # every worker, or all raise
         return original(self, *args, **kwargs)
 
     return method

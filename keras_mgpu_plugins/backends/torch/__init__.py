@@ -7,7 +7,8 @@ wraps the model in `DistributedDataParallel` where a process group exists
 models `@kmp.parallelize` builds, feeds each process its part of every global batch and
 keeps one model: upstream's DDP where Keras has it, kmp's own gradient averaging where it
 does not (`backends.torch.parallelize`). A model it did not build, in a job whose Keras
-would train one model per process, is refused at `fit` (`guard`).
+would train one model per process, trains apart (`runtime.apart`: its `fit` is refused where
+callbacks would act for the job).
 
 The functions below are what the backend-free package asks of a backend
 (`keras_mgpu_plugins.backends.current()`); each imports torch only when called.
@@ -20,15 +21,37 @@ from typing import Any
 
 def runtime_of(model: Any = None) -> Any:
     """The runtime of this torch process: its rank in the process group (or the environment's
-    plan before one exists). A model that would train apart on each process is refused."""
+    plan before one exists); local for a model that trains on this process alone."""
     from keras_mgpu_plugins.backends.torch.runtime import TorchRuntime
 
-    runtime = TorchRuntime()
-    if model is not None and runtime.rank().num_workers > 1:
-        from keras_mgpu_plugins.backends.torch import guard
+    return TorchRuntime.for_model(model)
 
-        guard.check_trains_together(model)
-    return runtime
+
+def saving_in_a_job() -> str:
+    """What saving the model takes in a job of several processes on this lane (messages)."""
+    return ("every process holds the whole model (one copy per process of torch's process "
+            "group), so one process must write it, and the others wait for that write")
+
+
+def apart(model: Any) -> str | None:
+    """Why `model` would train apart from the job's other processes, or `None` (`runtime.apart`)."""
+    from keras_mgpu_plugins.backends.torch.runtime import apart as why
+
+    return why(model)
+
+
+def random_state() -> list[int]:
+    """torch's global generators' state (what Keras's `DataLoader` shuffle and an unseeded
+    Dropout draw from), as JSON values (`backends.torch.resume`)."""
+    from keras_mgpu_plugins.backends.torch import resume
+
+    return resume.random_state()
+
+
+def set_random_state(state: list[int]) -> None:
+    from keras_mgpu_plugins.backends.torch import resume
+
+    resume.set_random_state(state)
 
 
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
@@ -123,17 +146,19 @@ def joined() -> tuple[int, int] | None:
     return (index, count) if count > 1 else None
 
 
-def rng_state() -> bytes:
-    """This process's state of torch's global random generators (`backends.torch.resume`)."""
-    from keras_mgpu_plugins.backends.torch import resume
+def row_span(rows: Any) -> Any:
+    """Where this process's `rows` of the global batch start, and the global batch's rows:
+    `(offset, total)`, in a job of several processes, else `None` (the processes feed
+    contiguous slices in rank order: `backends.torch.feeding`; one all-gather)."""
+    import numpy as np
 
-    return resume.rng_state()
+    from keras_mgpu_plugins.backends.torch import collectives
 
-
-def set_rng_state(state: bytes) -> None:
-    from keras_mgpu_plugins.backends.torch import resume
-
-    resume.set_rng_state(state)
+    rank, size = collectives.world()
+    if size <= 1:
+        return None
+    sizes = collectives.gather_numpy(np.array([int(rows)], np.int64)).reshape(-1)
+    return int(sizes[:rank].sum()), int(sizes.sum())
 
 
 def drop_fed(model: Any, count: int) -> None:

@@ -45,11 +45,36 @@ class TorchSharing(Sharing):
     def start_pass(self) -> None:
         self.queue.clear()  # pieces read for a peek (Keras's symbolic build) or a pass cut short
 
+    def keras_order(self, total: int, batch: int, mode: Any) -> Any:
+        """A pass's rows as Keras's torch `DataLoader` of arrays draws them on one process
+        (`torch_order`)."""
+        return torch_order(total, batch, mode)
+
     def deliver(self, taken: Any, count: int, whole: bool) -> Any:
         span = self.span(count)
         rows = count if span is None else span[1] - span[0]
         self.queue.append(StepInfo(count, rows, span is None))
         return taken
+
+
+def torch_order(total: int, batch: int, mode: Any) -> Any:
+    """A pass's rows in the order Keras's array adapter on torch draws them (compat private
+    use `torch_array_sampler`): `shuffle=True` is a `RandomSampler` without a generator,
+    which seeds a generator of its own from torch's global one, then `randperm` of all rows;
+    `"batch"` permutes each batch's rows with the global generator, batch after batch. The
+    `DataLoader` draws its base seed before, from the global generator too: kmp's own
+    `DataLoader` over the process's share does the same, so the draws happen in Keras's
+    order."""
+    import numpy as np
+    import torch
+
+    if mode != "batch":
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return torch.randperm(total, generator=generator).numpy().astype(np.int64)
+    return np.concatenate([start + torch.randperm(min(batch, total - start)).numpy()
+                           for start in range(0, total, batch)]).astype(np.int64)
 
 
 def take(found: Any, data: Any) -> StepInfo | None:

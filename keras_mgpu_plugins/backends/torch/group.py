@@ -34,14 +34,18 @@ def initialize(plan: Plan | None = None) -> bool:
     import torch
     import torch.distributed as dist
 
+    from keras_mgpu_plugins.compat import check_keras_for_distribution
+
     if dist.is_available() and dist.is_initialized():
         several = dist.get_world_size() > 1
         if several:
+            check_keras_for_distribution()
             _install_worker_checks()
         return several
     plan = plan or planned_processes()
     if plan is None:
         return False
+    check_keras_for_distribution()  # the version policy of every lane, before Keras's code
     for name, value in _variables(plan).items():
         os.environ.setdefault(name, value)
     local = int(os.environ[world.LOCAL_RANK])

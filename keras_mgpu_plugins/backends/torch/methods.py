@@ -7,8 +7,8 @@ The patch `torch_one_model_per_job` wraps them once, on `keras.Model`:
   arranged so each process feeds its part of every global batch (`inputs.arrays`,
   `feeding`), the settings torch cannot run alike are refused (`settings`), and the first
   step gives every process rank 0's state;
-- any other model: `fit` is refused where the installed Keras would train one separate
-  model per process (`guard`); `evaluate` and `predict` run as Keras's.
+- any other model: Keras's own methods (a `fit` that would train a separate model on each
+  process is refused by the neutral hook every lane has, `runtime.apart`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import functools
 import inspect
 from typing import Any
 
-from keras_mgpu_plugins.backends.torch import collectives, feeding, models
+from keras_mgpu_plugins.backends.torch import collectives, feeding, models, threads
 from keras_mgpu_plugins.inputs import arrays
 from keras_mgpu_plugins.runtime import calls
 
@@ -43,12 +43,9 @@ def _arranged(name: str, original: Any) -> Any:
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        threads.share_interop()  # the launcher's share, after the script's own setting
         found = models.arranged(self)
         if found is None:
-            if name == "fit":
-                from keras_mgpu_plugins.backends.torch import guard
-
-                guard.check_trains_together(self)
             return original(self, *args, **kwargs)
         if kwargs.get("_use_cached_eval_dataset") or collectives.world()[1] == 1:
             return original(self, *args, **kwargs)  # fit's validation: already arranged

@@ -29,6 +29,7 @@ import numbers
 from typing import Any
 
 from keras_mgpu_plugins.backends.torch import collectives, feeding, models
+from keras_mgpu_plugins.inputs import packed
 
 
 class Step:
@@ -76,6 +77,7 @@ def wrap_steps(model: Any) -> None:
 
 
 def _begin(model: Any, data: Any) -> tuple[Any, Step]:
+    """The step's `Step`; rank 0's state first where due. `data` must be unpacked already."""
     found = models.arranged(model)
     step = Step(feeding.take(found, data), collectives.world()[1])
     if found is not None and found.pending_broadcast:
@@ -87,6 +89,7 @@ def _begin(model: Any, data: Any) -> tuple[Any, Step]:
 
 
 def _train(model: Any, original: Any, data: Any) -> Any:
+    data = packed.unpack(data)  # a batch of more than 3 parts, as the input yielded it
     found, step = _begin(model, data)
     from keras_mgpu_plugins.backends.torch import buffers
 
@@ -101,6 +104,7 @@ def _train(model: Any, original: Any, data: Any) -> Any:
 
 
 def _test(model: Any, original: Any, data: Any) -> Any:
+    data = packed.unpack(data)
     _, step = _begin(model, data)
     return global_logs(model, _counted_once(model, step, original, data), step, [])
 
@@ -120,6 +124,7 @@ def _counted_once(model: Any, step: Step, original: Any, data: Any) -> Any:
 def _predict(model: Any, original: Any, data: Any) -> Any:
     import keras
 
+    data = packed.unpack(data)
     _, step = _begin(model, data)
     with _in_step(step):
         outputs = original(data)

@@ -202,3 +202,57 @@ def _release_all_at_exit() -> None:
 def keeps_iterator_on_training_thread() -> bool | None:
     return source_has(resolve("epoch iterator")._enumerate_iterator,
                       "self._current_iterator = iter(self._get_iterator())")
+
+
+# --- The iterator Keras makes at an epoch's end for the next epoch, which never uses it ---
+
+
+def patch_defer_epoch_end_iterator() -> Any:
+    """Under a distributing strategy, the iterator Keras makes at an epoch's end is not made.
+
+    Keras's `EpochIterator._enumerate_iterator` (3.10 to 3.15), with no `steps_per_epoch`,
+    makes a fresh iterator at each epoch's start; and after an epoch's last batch it makes
+    one more, for the next epoch, whose start replaces it unread (and a `fit`'s last epoch
+    makes one nobody reads). A distributed iterator costs 70-250 ms to make on 2 workers
+    sharing 2 cores (a MultiDeviceIterator: functions traced for its devices, a prefetch
+    thread; `benchmarks/workers_vs_loop.py`'s model: 6 made per 3-epoch fit, 0.4 s of its
+    5.5 s for the 3 unread). Here Keras is handed a placeholder for it, which raises if it
+    is ever read (a Keras that reuses it: the `present` check then says so). Other
+    strategies, and inputs with `steps_per_epoch` or of unknown length, keep Keras's.
+    """
+    from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distributing
+
+    iterator_class = resolve("tensorflow epoch iterator")
+    original = iterator_class._get_iterator
+
+    def _get_iterator(self):
+        if (self.steps_per_epoch is None and self._num_batches
+                and self._steps_seen >= self._num_batches
+                and distributing(self._distribute_strategy)):
+            return _NotMade()  # after the last batch: the next epoch makes its own
+        return original(self)
+
+    iterator_class._get_iterator = _get_iterator
+    return lambda: setattr(iterator_class, "_get_iterator", original)
+
+
+class _NotMade:
+    """Stands for the iterator Keras makes after an epoch's last batch (never read)."""
+
+    def __iter__(self) -> _NotMade:
+        return self
+
+    def __next__(self) -> Any:
+        raise RuntimeError(
+            "kmp.compat patch defer_epoch_end_iterator: Keras read the iterator it makes after "
+            "an epoch's last batch, which kmp does not make (this Keras reuses it). Please "
+            "report it, with your Keras version.")
+
+
+def makes_unread_epoch_end_iterator() -> bool | None:
+    """Whether Keras still makes a fresh iterator at every epoch's start without
+    `steps_per_epoch`, and one after an epoch's last batch."""
+    return source_has(resolve("epoch iterator")._enumerate_iterator,
+                      "if self._current_iterator is None or self.steps_per_epoch is None:",
+                      "if self._num_batches and self._steps_seen >= self._num_batches:\n"
+                      "                self._current_iterator = iter(self._get_iterator())")

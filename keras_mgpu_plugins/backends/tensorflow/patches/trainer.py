@@ -14,6 +14,7 @@ from keras_mgpu_plugins.backends.tensorflow.patches.distributing import distribu
 from keras_mgpu_plugins.backends.tensorflow.patches.input_check import (
     claim_full_batches,
     fetch_full_batch,
+    single_steps,
 )
 from keras_mgpu_plugins.backends.tensorflow.rank import strategy_name
 from keras_mgpu_plugins.compat._checks import source_has
@@ -218,8 +219,10 @@ def patch_steps_per_execution() -> Any:
         if not distributing(self.distribute_strategy):
             return original(self, step_function)
         refuse_unsupported_settings(self)
-        if self.run_eagerly or self.steps_per_execution == 1:
+        if self.run_eagerly:
             return original(self, step_function)
+        if self.steps_per_execution == 1:
+            return single_steps(self, original(self, step_function), step_function)
         if getattr(self, "unrolled_steps_per_execution", 1) != 1:
             raise ValueError(
                 "unrolled_steps_per_execution > 1 is not supported by keras_mgpu_plugins "
