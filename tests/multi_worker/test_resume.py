@@ -5,7 +5,7 @@ The same tests run on TensorFlow (CI's newest job), JAX (`JAX_SUBSET`) and torch
 `tests/scripts/preempt.py` trains with `kmp.callbacks.BackupAndRestore` (Adam, an
 unseeded Dropout: on torch it draws from torch's global generator; `shuffle=True`,
 seeded), records every batch hook its callbacks saw, and logs with Keras's `CSVLogger`
-(listed first: its `on_train_begin` runs before the backup is read). Stopped (SIGTERM to
+(one file for a run and its rerun; listed first: its `on_train_begin` runs before the backup is read). Stopped (SIGTERM to
 one worker, or one worker SIGKILLed after a periodic backup), then run again:
 
 - the weights end bit-exact as the uninterrupted run's;
@@ -33,22 +33,24 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "preempt.py"
 BACKEND = keras.backend.backend()
 #: Every case: an unseeded Dropout, the batch hooks recorded, Keras's CSVLogger.
-COMMON = ("--dropout-seed", "none", "--hooks", "--csv")
+COMMON = ("--dropout-seed", "none", "--hooks")
 #: One process: steps_per_execution=2 where Keras allows it (not on torch).
 ONE_PROCESS = COMMON + ("--spe", "1" if BACKEND == "torch" else "2")
 _STRIPPED = ("KERAS_DISTRIBUTION_", "TF_CONFIG", "SLURM_", "KMP_", "WORLD_SIZE", "RANK",
              "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "JAX_NUM_CPU_DEVICES", "XLA_FLAGS")
 
 
-def run(folder: pathlib.Path, name: str, *options: str, processes: int = 2) -> dict:
+def run(folder: pathlib.Path, name: str, *options: str, processes: int = 2,
+        log: str = "log") -> dict:
     """`kmp-launch -n PROCESSES preempt.py` (the script alone for one process) in `folder`:
-    its exit code and stderr, and what the chief wrote (`weights`, `json`, `csv`)."""
-    out = str(folder / name)
+    its exit code and stderr, and what the chief wrote (`weights`, `json`, and `csv`: the
+    rows of Keras's `CSVLogger`, whose file `log.csv` a run and its rerun share)."""
+    out, log_file = str(folder / name), str(folder / f"{log}.csv")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(_STRIPPED) or k == "KMP_ALLOW_UNCHECKED_VERSIONS"}
     env.update(KERAS_BACKEND=BACKEND, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
-    script = [str(SCRIPT), str(folder / "backup"), out, *options]
+    script = [str(SCRIPT), str(folder / "backup"), out, "--csv", log_file, *options]
     command = ([sys.executable, "-m", "keras_mgpu_plugins.launch", "-n", str(processes),
                 "--timeout", "250", *script] if processes > 1 else [sys.executable, *script])
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
@@ -58,8 +60,8 @@ def run(folder: pathlib.Path, name: str, *options: str, processes: int = 2) -> d
         with open(out + ".json") as f:
             found["json"] = json.load(f)
         found["weights"] = np.load(out + ".npy")
-    if os.path.exists(out + ".csv"):
-        with open(out + ".csv", newline="") as f:
+    if os.path.exists(log_file):
+        with open(log_file, newline="") as f:
             found["csv"] = list(csv.reader(f))
     return found
 
@@ -93,7 +95,8 @@ def assert_resumed_as_uninterrupted(resumed: dict, whole: dict, epoch: int, batc
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("uninterrupted")
-    return {n: ok(run(folder, f"whole{n}", *(COMMON if n == 2 else ONE_PROCESS), processes=n))
+    return {n: ok(run(folder, f"whole{n}", *(COMMON if n == 2 else ONE_PROCESS), processes=n,
+                      log=f"whole{n}"))
             for n in (2, 1)}
 
 

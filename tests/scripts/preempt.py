@@ -20,8 +20,8 @@ hooks make Keras run every batch-end hook on the training thread); `--sync-hook`
 that does nothing (what running them there costs). `--dropout-seed none`: an unseeded
 Dropout (on torch it draws from torch's global generator). `--spe N`:
 `steps_per_execution=N`. `--hooks`: the chief records, in OUT.json's "hooks", every batch
-hook its callbacks saw: `[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv`:
-Keras's `CSVLogger(OUT.csv)`. OUT.json's "loss" is the last epoch's loss. Any backend.
+hook its callbacks saw: `[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv PATH`:
+Keras's `CSVLogger(PATH)` (one file for a run and its rerun). OUT.json's "loss" is the last epoch's loss. Any backend.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ parser.add_argument("--dropout", type=float, default=0.25)
 parser.add_argument("--dropout-seed", default="3")
 parser.add_argument("--spe", type=int, default=1)
 parser.add_argument("--hooks", action="store_true")
-parser.add_argument("--csv", action="store_true")
+parser.add_argument("--csv", default=None)
 parser.add_argument("--no-shuffle", action="store_true")
 parser.add_argument("--no-stop-signals", action="store_true")
 parser.add_argument("--stop-check-interval", type=float, default=None)
@@ -172,7 +172,7 @@ if args.progress:
 if args.sync_hook:
     callbacks.append(SyncHook())
 if args.csv:  # first: its on_train_begin runs before BackupAndRestore restores
-    callbacks.insert(0, keras.callbacks.CSVLogger(args.out + ".csv"))
+    callbacks.insert(0, keras.callbacks.CSVLogger(args.csv))
 history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
                     shuffle=not args.no_shuffle, verbose=0, callbacks=callbacks)
 seconds = time.perf_counter() - began
