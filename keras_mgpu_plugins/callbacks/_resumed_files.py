@@ -84,6 +84,12 @@ def point(model: Any, params: Any) -> Point:
     return None if resume is None else resume.point
 
 
+def asker(callback: Any) -> Callable[[], Point]:
+    """Asks, when called, where the `fit` of `callback` (one of its callbacks) resumed: a log
+    file it opens then keeps the rows before that point and appends."""
+    return lambda: point(callback.model, callback.params)
+
+
 def wrap_csv_logger() -> Callable[[], None]:
     """The patch `csv_logger_resumes` (see the module docstring); returns the undo."""
     import keras

@@ -287,8 +287,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _open_sinks(self) -> None:
         if self._chief:
-            self._sinks = RecordSinks(self.csv_path, self.log_dir, lambda: _resumed_files.point(
-                self.model, self.params))  # a fit BackupAndRestore resumed: appended to
+            self._sinks = RecordSinks(self.csv_path, self.log_dir, _resumed_files.asker(self))
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]

@@ -291,33 +291,13 @@ FEATURES: tuple[Patch, ...] = (
             "keras.callbacks.History.on_epoch_end"),
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/callbacks/"
                  "callback_list.py", per_instance=True),
-    _feature(
-        "resume_skips_trained_batches", "keras_mgpu_plugins.compat._trainer:skip_in_next_epoch",
-        "a fit resumed mid-epoch by kmp.callbacks.BackupAndRestore trains again the batches the "
-        "backup had trained; or, with them drawn and skipped in the train function, the "
-        "callbacks, the progress bar, ModelCheckpoint(save_freq=N) and TensorBoard(update_freq=N) "
-        "count batches nothing trained, whose logs are {} (KeyError: 'loss' in a callback's "
-        "on_train_batch_end)", ("epoch iterator._enumerate_iterator",),
-        "kmp.callbacks.BackupAndRestore resuming a backup taken mid-epoch (the running fit's "
-        "epoch iterator, for its first epoch)", lazy("keras_mgpu_plugins.compat._trainer", "present"),
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/"
-                 "epoch_iterator.py", per_instance=True),
-    _feature(
-        "csv_logger_resumes", "keras_mgpu_plugins.callbacks._resumed_files:wrap_csv_logger",
-        "keras.callbacks.CSVLogger in a fit resumed by kmp.callbacks.BackupAndRestore "
-        "overwrites its file: the epochs logged before the stop are lost (with append=True, "
-        "an epoch logged after the last backup is logged twice)",
-        ("keras.callbacks.CSVLogger.on_train_begin",),
-        "the first kmp.callbacks.BackupAndRestore given to a fit",
-        lambda: _has("keras.callbacks.CSVLogger.on_train_begin"),
-        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/callbacks/"
-                 "csv_logger.py"),
 )
 
+from keras_mgpu_plugins.compat._resume_features import RESUME_FEATURES  # noqa: E402
 from keras_mgpu_plugins.compat._torch_features import TORCH_FEATURES  # noqa: E402
 from keras_mgpu_plugins.compat._verify_features import (  # noqa: E402
     RANDOM_FEATURES,
     VERIFY_FEATURES,
 )
 
-FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES
+FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES + RESUME_FEATURES
