@@ -96,9 +96,10 @@ class Writes:
         return sorted({p for p in self.seen if ".tmp" not in p and "kmp-tmp" not in p})
 
 
-def recorder(events: Sequence[str], log: list):
+def recorder(events: Sequence[str], log: list, out: str):
     """The test's eyes in the `main` fit: every batch hook (epoch, index, log keys, loss)
-    and epoch end, and the events to act out."""
+    and epoch end, and the events to act out (the hooks saved before a SIGKILL: a killed
+    process runs no `finally`)."""
     import keras
 
     wanted = [e.split(":") for e in events]
@@ -112,6 +113,8 @@ def recorder(events: Sequence[str], log: list):
         def on_train_batch_begin(self, batch, logs=None):
             for when_epoch, when_batch, what, worker in wanted:
                 if (int(when_epoch), int(when_batch), int(worker)) == (self.epoch, batch, rank()):
+                    if what == "SIGKILL":
+                        save(out, "hooks", {"hooks": log})
                     act(what)
 
         def on_train_batch_end(self, batch, logs=None):
@@ -151,8 +154,11 @@ def main_phase(out: str, args: argparse.Namespace, writes: Writes) -> dict:
     x, y = data()
     hooks: list = []
     callbacks = [
-        recorder(args.at, hooks),  # first: it sees each batch end before a stop raises
-        kmp.callbacks.BackupAndRestore(os.path.join(out, "backup"), save_freq=SAVE_FREQ),
+        recorder(args.at, hooks, out),  # first: it sees each batch end before a stop raises
+        # the workers check for a stop signal at every batch's start: the stop is at the
+        # batch after the signal (mid-epoch), where the chain of runs expects it
+        kmp.callbacks.BackupAndRestore(os.path.join(out, "backup"), save_freq=SAVE_FREQ,
+                                       stop_check_interval=0),
         kmp.callbacks.ModelCheckpoint(os.path.join(out, "best.keras"), monitor="val_loss",
                                       save_best_only=True),
         keras.callbacks.CSVLogger(os.path.join(out, "history.csv")),
