@@ -111,3 +111,24 @@ def test_keras_csv_logger_of_a_resumed_fit_holds_every_epoch_once(tmp_path, firs
     assert logged(path) == ["0", "1", "2"]
     fit(callbacks(), epochs=2)  # no backup left: Keras's own (overwrites, or appends)
     assert logged(path) == (["0", "1", "2", "0", "1"] if append else ["0", "1"])
+
+
+@pytest.mark.slow  # real fits
+def test_device_metrics_csv_of_a_resumed_fit_holds_every_epoch_once(tmp_path):
+    from keras_mgpu_plugins.callbacks import DeviceMetricsLogger
+
+    path, backup = str(tmp_path / "metrics.csv"), str(tmp_path / "backup")
+
+    def callbacks(*more):
+        return [DeviceMetricsLogger(csv_path=path, sample_interval=None, summary=False),
+                BackupAndRestore(backup), *more]
+
+    def rows():
+        with open(path, newline="") as f:
+            return [(row["epoch"], row["kind"]) for row in csv.DictReader(f)]
+
+    with pytest.raises(TrainingStopped):
+        fit(callbacks(Stop()))
+    assert rows() == [("0", "epoch")]
+    fit(callbacks())
+    assert rows() == [("0", "epoch"), ("1", "epoch"), ("2", "epoch")]
