@@ -95,8 +95,11 @@ def _timed(callbacks: list, spent: list[float]) -> list:
     return callbacks
 
 
-def job(steps: int, epochs: int, rounds: int, width: int, folder: str) -> dict:
-    """One worker: every pair of `PAIRS` each round, alternating; the chief's times."""
+def job(steps: int, epochs: int, rounds: int, width: int, folder: str,
+        pairs: tuple = PAIRS, warmup: tuple[str, ...] = ("all", "plain")) -> dict:
+    """One worker: every pair of `pairs` each round, alternating, after a fit of each
+    `warmup` setup; the chief's times (also run in one process: the GPU run's
+    `stop_signals` part)."""
     import contextlib
     import io
 
@@ -125,12 +128,12 @@ def job(steps: int, epochs: int, rounds: int, width: int, folder: str) -> dict:
                       callbacks=callbacks)
         return time.perf_counter() - start, spent[0]
 
-    fit("all")  # traces, compiles, and every callback's first-time work
-    fit("plain")
+    for setup in warmup:  # traces, compiles, and every callback's first-time work
+        fit(setup)
     times: dict[str, dict[str, list]] = {key: {"subject": [], "reference": [], "hooks": [],
-                                               "reference_hooks": []} for key, _, _ in PAIRS}
+                                               "reference_hooks": []} for key, _, _ in pairs}
     for r in range(rounds):
-        for key, subject, reference in PAIRS:
+        for key, subject, reference in pairs:
             order = ((reference, "reference"), (subject, "subject"))
             for setup, side in order if r % 2 == 0 else order[::-1]:
                 wall, hooks = fit(setup)
@@ -153,8 +156,14 @@ def measure(steps: int = 64, epochs: int = 2, rounds: int = 5, width: int = 256,
         results = kmp.launch(job, num_workers=2, args=(steps, epochs, rounds, width, folder),
                              timeout=timeout, create_strategy=False, stall_timeout=None, env=env)
     chief = next(r for r in results if r["worker"] == 0)
-    found: dict = {"replicas": chief["replicas"]}
-    for key, t in chief["times"].items():
+    return {"replicas": chief["replicas"], **summarize(chief["times"], steps, epochs)}
+
+
+def summarize(times: dict, steps: int, epochs: int) -> dict:
+    """`job`'s times as `{key: {"ratio", "ratios", "hooks_ms_per_epoch", "step_ms",
+    "reference_step_ms"}}` (the ratio: speed per step, subject / reference)."""
+    found: dict = {}
+    for key, t in times.items():
         ratio, ratios = median_ratio(t["reference"], t["subject"])  # speed: subject / reference
         found[key] = {"ratio": ratio, "ratios": ratios,
                       "hooks_ms_per_epoch": 1e3 * statistics.median(t["hooks"]) / epochs,

@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         worker(args.rows, args.out)
         return None
     rows, rounds = (512, 1) if args.quick else (args.rows, args.rounds)
+    report = Report("launch_vs_torchrun", "kmp-launch against torchrun, torch, 2 processes",
+                    args.quick)
     jobs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kmp-launch-vs-torchrun-") as tmp:
         for r in range(rounds):
@@ -123,8 +125,6 @@ def main(argv: list[str] | None = None) -> dict | None:
                 jobs.append(_job(side, rows, pathlib.Path(tmp), len(jobs)))
                 print(json.dumps(jobs[-1]), flush=True)
     sides = {side: [j for j in jobs if j["side"] == side] for side in ("kmp-launch", "torchrun")}
-    report = Report("launch_vs_torchrun", "kmp-launch against torchrun, torch, 2 processes",
-                    args.quick)
     for key, what in (("wall_s", "wall time"), ("fit_s", "fit time")):
         ratio, ratios = median_ratio([j[key] for j in sides["kmp-launch"]],
                                      [j[key] for j in sides["torchrun"]])

@@ -31,6 +31,9 @@ from typing import Any
 
 from keras_mgpu_plugins import _backend
 
+#: The name Keras gives a `SeedGenerator`'s state variable.
+SEED_STATE = "seed_generator_state"
+
 #: The option's values.
 MODES = ("per_replica", "one_device")
 _SHAPED = ("uniform", "normal", "truncated_normal", "randint")
@@ -51,6 +54,24 @@ def check(mode: Any) -> None:
                          f"random_layers={mode!r}")
 
 
+def random_layers(model: Any) -> list[dict[str, Any]]:
+    """The layers that own a Keras `SeedGenerator` (Dropout, GaussianNoise, the random
+    augmentation layers, a user's layer with one), with their class and rate."""
+    from keras_mgpu_plugins import compat
+
+    found = []
+    for layer in compat.all_layers(model):
+        inner = {id(v) for sub in compat.all_layers(layer) if sub is not layer
+                 for v in sub.variables}
+        own = [v for v in layer.variables
+               if getattr(v, "name", "").endswith(SEED_STATE) and id(v) not in inner]
+        if own:
+            rate = getattr(layer, "rate", None)
+            found.append({"layer": layer.name, "class": type(layer).__name__,
+                          "draws": rate is None or float(rate) > 0})
+    return found
+
+
 def draw_as_one_device(model: Any, one_device: bool = True) -> Any:
     """Makes `model`'s random layers draw one device's numbers (see the module docstring);
     returns the model. Applies `random_draws_as_one_device` once per process, and
@@ -58,7 +79,6 @@ def draw_as_one_device(model: Any, one_device: bool = True) -> Any:
     (kmp-verify's runs of a script whose layers draw per replica) the layers only note
     their rows, for the noise run (`REVERSED`)."""
     from keras_mgpu_plugins import compat
-    from keras_mgpu_plugins.verify._facts import random_layers
 
     compat._registry.apply("random_draws_as_one_device")
     names = {entry["layer"] for entry in random_layers(model)}

@@ -24,6 +24,7 @@ usual formula (`_palm`: 6 x parameters + attention, per token).
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -175,7 +176,7 @@ def transformer_flops(model, shape: dict) -> dict:
     multiply (all but the input embeddings and positions) + 12 x depth x seq x dim for
     attention. XLA's cost analysis may not count an attention the GPU runs as one fused
     cuDNN call; this count does."""
-    tables = sum(int(v.value.size) for v in model.weights
+    tables = sum(math.prod(v.shape) for v in model.weights  # any backend's variables
                  if v.path.endswith(("embeddings", "positions")))
     tokens = shape["batch"] * shape["seq"]
     per_token = 6 * (model.count_params() - tables) + 12 * shape["depth"] * shape["seq"] * shape["dim"]

@@ -3,9 +3,12 @@
     python benchmarks/gpu/run.py [--out DIR] [--only PART ...]     # on the GPU machine
     python benchmarks/gpu/run.py --cpu-dry-run --out DIR            # the same code, CPU, tiny
     python benchmarks/gpu/run.py --check DIR/gpu-cpu.json           # every part has a status
+    python benchmarks/gpu/run.py --cpu-dry-run --python torch=PATH  # one part's interpreter
 
 (`benchmarks/gpu/run.sh` installs the carried wheels first, then runs this.) Each part
-(`PARTS`) runs as `part.py NAME` in a fresh process with its own time budget: over it,
+(`PARTS`) runs as `part.py NAME` in a fresh process of this interpreter (of `--python
+PART=PATH` for that part: the GPU machine has one for JAX and torch, a dry run here can give
+the `torch` part the torch lane's) with its own time budget: over it,
 the part's process group is killed and the part is recorded as `timed_out` with what it
 had measured; a failing part is recorded with its message; either way the run goes on.
 After every part, `OUT/gpu-<device>.json` is rewritten (`<device>`: `h200` from
@@ -42,16 +45,23 @@ SCHEMA = "kmp-gpu-run/1"
 #: run's are only a guard against a hang (a loaded CI machine compiles slowly).
 PARTS = (
     ("ceilings", 20, 90, "bf16 matmul rate and device-to-device copy, in this run; devices, nvidia-smi"),
-    ("tests", 70, 240, "the JAX lane's tests marked gpu (tests/gpu), on the real device"),
-    ("throughput", 215, 300, "ResNet-style CNN and small transformer, bf16: kmp + all callbacks "
+    ("tests", 55, 240, "the JAX lane's tests marked gpu (tests/gpu), on the real device"),
+    ("throughput", 175, 300, "ResNet-style CNN and small transformer, bf16: kmp + all callbacks "
                             "vs plain Keras-JAX (goal >= 0.99); model FLOPs utilisation"),
-    ("checkpoint", 60, 120, "a >= 1 GB model: training blocked per save, sync vs async_save=True "
+    ("checkpoint", 50, 120, "a >= 1 GB model: training blocked per save, sync vs async_save=True "
                            "vs keras.callbacks.OrbaxCheckpoint(save_on_background=True)"),
-    ("fingerprint", 25, 90, "WeightSyncVerifier's fingerprints vs a device-to-device copy"),
-    ("memory", 55, 240, "model_parallel's ModelTooLargeError against the real bytes_limit; "
+    ("fingerprint", 20, 90, "WeightSyncVerifier's fingerprints vs a device-to-device copy"),
+    ("memory", 40, 240, "model_parallel's ModelTooLargeError against the real bytes_limit; "
                         "model_parallel_memory_jax.py's GPU path (peak_bytes_in_use)"),
-    ("torch", 30, 90, "the torch lane's GPU path (skipped while keras_mgpu_plugins.backends.torch "
-                      "is not present)"),
+    ("metrics", 15, 120, "DeviceMetricsLogger's keys of a short fit: FLOPs, MFU, phases, "
+                         "stragglers where landed ('not landed' for the others)"),
+    ("stop_signals", 15, 120, "BackupAndRestore() (stop signals watched) vs a plain fit and vs "
+                              "stop_signals=None, per step, one process"),
+    ("verify", 30, 240, "kmp-verify -n 2 on examples/quickstart.py: the GPU's one device against "
+                        "2 CPU devices, and as a user runs it here; verdict and time"),
+    ("torch", 55, 240, "the torch lane (KERAS_BACKEND=torch): its tests marked gpu, kmp + all "
+                       "callbacks vs plain Keras-torch (bf16), vs Keras's own DDP fit where "
+                       "installed"),
 )
 TOTAL_S = 475
 STATUSES = ("ok", "failed", "timed_out", "skipped", "not_run")
@@ -112,9 +122,24 @@ def write(run: dict[str, Any], path: str) -> None:
     os.replace(tmp, path)
 
 
-def part_command(name: str, result: str, dry_run: bool) -> list[str]:
-    return [sys.executable, os.path.join(HERE, "part.py"), name, "--result", result,
+def part_command(name: str, result: str, dry_run: bool, python: str | None = None) -> list[str]:
+    """The part's command: `python` (default: this interpreter) running `part.py NAME`."""
+    return [python or sys.executable, os.path.join(HERE, "part.py"), name, "--result", result,
             *(["--cpu-dry-run"] if dry_run else [])]
+
+
+def interpreters(pairs: list[str]) -> dict[str, str]:
+    """`--python PART=PATH` pairs as `{part: path}` (the GPU machine has one interpreter for
+    every part; a dry run here can give the torch part the torch lane's environment)."""
+    names = [name for name, *_ in PARTS]
+    found = {}
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        if name not in names or not path:
+            raise ValueError(f"--python takes PART=PATH with PART one of {names}. "
+                             f"Received: --python {pair!r}")
+        found[name] = path
+    return found
 
 
 def part_env(name: str, dry_run: bool, run_json: str) -> dict[str, str]:
@@ -205,7 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for gpu-<device>.json and .log (default $OUT)")
     parser.add_argument("--only", nargs="+", choices=[p[0] for p in PARTS])
     parser.add_argument("--check", metavar="JSON", help="only check a run's JSON, and exit")
+    parser.add_argument("--python", action="append", default=[], metavar="PART=PATH",
+                        help="the interpreter of one part (default: this one), e.g. "
+                             "torch=.ci-venv-torch/bin/python; may be repeated")
     args = parser.parse_args(argv)
+    try:
+        pythons = interpreters(args.python)
+    except ValueError as err:
+        parser.error(str(err))
     if args.check:
         problems = check(args.check)
         print("\n".join(problems) or f"{args.check}: every part has a status, none failed")
@@ -229,10 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             budget = entry["budget_s"] if args.cpu_dry_run else min(entry["budget_s"], left)
             result_path = os.path.join(out, f".part-{name}.json")
-            cmd = part_command(name, result_path, args.cpu_dry_run)
+            cmd = part_command(name, result_path, args.cpu_dry_run, pythons.get(name))
             entry.update(command=" ".join(["python", os.path.relpath(cmd[1], ROOT), *cmd[2:3],
                                            *(["--cpu-dry-run"] if args.cpu_dry_run else [])]),
-                         started=now())
+                         python=cmd[0], started=now())
             log.write(f"\n===== {name} ({budget:.0f} s) {entry['started']}\n")
             print(f"\n===== part {name} (budget {budget:.0f} s)", flush=True)
             status, code, seconds = run_part(cmd, part_env(name, args.cpu_dry_run, path),

@@ -8,7 +8,9 @@
 # namex, optree, which its image lacks) are installed into /tmp/site, put first on
 # PYTHONPATH; then benchmarks/gpu/run.py runs every part within its budget, writing
 # $OUT/gpu-<device>.json after each part and $OUT/gpu-<device>.log. Other arguments go to
-# run.py (--out DIR, --only PART ...). PYTHON picks the interpreter (default python3).
+# run.py (--out DIR, --only PART ..., --python PART=PATH). PYTHON picks the interpreter of
+# every part (default python3: on the GPU machine the one with JAX and torch); --python
+# torch=PATH gives the torch part another (a dry run here: the torch lane's environment).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 PY=${PYTHON:-python3}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-SEED_STATE = "seed_generator_state"
-
 
 def _own(model_or_layer: Any, method: str) -> str | None:
     """The qualified name of a `method` the model's class defines outside Keras, or `None`."""
@@ -33,24 +31,6 @@ def _describe(leaf: Any) -> dict[str, Any]:
             "reduction": getattr(leaf, "reduction", None)}
 
 
-def random_layers(model: Any) -> list[dict[str, Any]]:
-    """The layers that own a Keras `SeedGenerator` (Dropout, GaussianNoise, the random
-    augmentation layers, a user's layer with one), with their class and rate."""
-    from keras_mgpu_plugins import compat
-
-    found = []
-    for layer in compat.all_layers(model):
-        inner = {id(v) for sub in compat.all_layers(layer) if sub is not layer
-                 for v in sub.variables}
-        own = [v for v in layer.variables
-               if getattr(v, "name", "").endswith(SEED_STATE) and id(v) not in inner]
-        if own:
-            rate = getattr(layer, "rate", None)
-            found.append({"layer": layer.name, "class": type(layer).__name__,
-                          "draws": rate is None or float(rate) > 0})
-    return found
-
-
 def of(model: Any) -> dict[str, Any]:
     """The facts the likely causes are drawn from, as plain values."""
     import keras
@@ -69,7 +49,7 @@ def of(model: Any) -> dict[str, Any]:
     policy = getattr(getattr(model, "dtype_policy", None), "name", "float32")
     from keras_mgpu_plugins import _random_layers
 
-    drawing = random_layers(model)
+    drawing = _random_layers.random_layers(model)
     as_one_device = bool(drawing) and all(
         _random_layers.draws_as_one_device(layer) for layer in layers
         if layer.name in {entry["layer"] for entry in drawing})

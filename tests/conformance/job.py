@@ -34,6 +34,7 @@ import numpy as np
 
 FEATURES, CLASSES = 6, 3
 ROWS, BATCH, EPOCHS, SAVE_FREQ = 48, 8, 3, 2
+STOP_CHECK_S = 1e-4  # BackupAndRestore's stop_check_interval: under one step
 PHASES = ("main", "early", "uneven", "tiny")
 
 
@@ -155,10 +156,11 @@ def main_phase(out: str, args: argparse.Namespace, writes: Writes) -> dict:
     hooks: list = []
     callbacks = [
         recorder(args.at, hooks, out),  # first: it sees each batch end before a stop raises
-        # the workers check for a stop signal at every batch's start: the stop is at the
-        # batch after the signal (mid-epoch), where the chain of runs expects it
+        # a check for stop signals before every step (the default checks every K steps, at
+        # most 2 s apart: a stop after this job's last step; tests/multi_worker/
+        # test_stop_at_defaults.py holds the default's bound)
         kmp.callbacks.BackupAndRestore(os.path.join(out, "backup"), save_freq=SAVE_FREQ,
-                                       stop_check_interval=0),
+                                       stop_check_interval=STOP_CHECK_S),
         kmp.callbacks.ModelCheckpoint(os.path.join(out, "best.keras"), monitor="val_loss",
                                       save_best_only=True),
         keras.callbacks.CSVLogger(os.path.join(out, "history.csv")),

@@ -1,6 +1,7 @@
 """The conformance table: every promise kmp makes (rows) x every lane x every way of starting
 a job (columns), and what each cell is: the promise holds, or the lane refuses it with a
-clear error (which the cell's test asserts), or the start does not exist on that lane.
+clear error (which the cell's test asserts), or it does not hold yet (the test runs and must
+fail, and the docs say so), or the start does not exist on that lane.
 
 `tests/conformance/test_conformance.py` runs every cell of the active lane against this
 table; `python -m tests.conformance.render` writes the table into docs/distribution_matrix.md
@@ -80,6 +81,15 @@ class Refused:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fails:
+    """The promise does not hold here yet: `why` says what differs. The cell's test runs and
+    is expected to fail (strictly: the day it passes, the table must say so)."""
+
+    why: str
+    mark = "fails"
+
+
+@dataclasses.dataclass(frozen=True)
 class Absent:
     """The start does not exist on this lane (no cell)."""
 
@@ -93,12 +103,12 @@ TORCH_DEVICES = Refused(
 NO_TORCHRUN = Absent("torchrun comes with torch, which this lane does not install")
 
 #: Exceptions to "holds": (promise or "*", lane, start) -> the cell.
-CELLS: dict[tuple[str, str, str], Holds | Refused | Absent] = {
+CELLS: dict[tuple[str, str, str], Holds | Refused | Fails | Absent] = {
     **{("*", lane, "torchrun"): NO_TORCHRUN for lane in ("tensorflow", "jax")},
     ("*", "torch", "devices"): TORCH_DEVICES,
 }
 
 
-def cell(promise: str, lane: str, start: str) -> Holds | Refused | Absent:
+def cell(promise: str, lane: str, start: str) -> Holds | Refused | Fails | Absent:
     """What the table says of one cell."""
     return CELLS.get((promise, lane, start)) or CELLS.get(("*", lane, start)) or Holds()

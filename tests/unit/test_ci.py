@@ -28,11 +28,25 @@ def readme_subset_block() -> list[list[str]]:
     return [shlex.split(line) for line in block.replace("\\\n", " ").strip().splitlines()]
 
 
-def test_newest_runs_every_test():
-    """README's command 2 runs the fast tier (no path: tests/conftest.py selects it); CI's newest
-    environment runs every test (`tests` given), as README's table says."""
-    assert "pytest_status python -m pytest -q tests\n" in ci_function("newest")
-    assert "(`python -m pytest -q tests`" in README
+def test_newest_runs_every_test_and_fast_runs_readmes_command_2():
+    """README's command 2 runs the fast tier (no path: tests/conftest.py selects it); CI's `fast`
+    run is that command as written, in `all`; the newest environment runs every other test
+    (`tests` given, the fast tier deselected), as README's table says."""
+    assert 'pytest_status python -m pytest -q tests -m "not fast"\n' in ci_function("newest")
+    assert '(`python -m pytest -q tests -m "not fast"`' in README
+    command = README.split("```bash", 1)[1].split("```", 1)[0]
+    command = command.split("# 2.", 1)[1].replace("\\\n", " ")
+    install_and_test = [part.strip() for part in command.split("&&")][2:]
+    fast = ci_function("fast")
+    assert install_and_test[0] == 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu'
+    assert 'python -m pip install --quiet "$TORCH_PIN" --index-url "$TORCH_INDEX"' in fast
+    assert install_and_test[1] == 'pip install -e ".[tensorflow,jax,torch,test]"'
+    assert 'python -m pip install --quiet -e ".[tensorflow,jax,torch,test]"' in fast
+    for test in install_and_test[2:]:  # python -m pytest -q, on each lane
+        backend, _, pytest_command = test.rpartition("python -m pytest")
+        assert f"{backend}pytest_status python -m pytest{pytest_command}\n" in fast, test
+    assert len(install_and_test[2:]) == 3
+    assert "stream torch fast" in CI.split("\n  all)", 1)[1].split(";;", 1)[0]
 
 
 def test_oldest_pair_and_subset_are_the_readmes():
@@ -86,7 +100,7 @@ def test_canary_runs_both_subsets_on_the_newest_keras_nightly_and_is_not_in_all(
     distribution left, the module is the nightly's), CI's compatibility subset with TensorFlow
     and the JAX job's tests without it, each after the patches' verdicts; never in `all`."""
     all_case = CI.split("\n  all)", 1)[1].split(";;", 1)[0]
-    assert "canary" not in all_case and '"$0" newest' in all_case
+    assert "canary" not in all_case and "stream newest" in all_case
     nightly = ci_function("install_nightly")
     assert "pip uninstall --quiet --yes keras\n" in nightly
     assert "pip install --quiet --upgrade keras-nightly\n" in nightly
@@ -135,7 +149,7 @@ def test_torch_lane_runs_the_readmes_subset_without_tensorflow_or_jax():
     assert 'python -m pip install --quiet "$TORCH_PIN" --index-url "$TORCH_INDEX"' in CI
     assert 'python -m pip install --quiet -e ".[torch,test,examples]"' in CI
     assert "export KERAS_BACKEND=torch" in CI and '"${TORCH_SUBSET[@]}"' in CI
-    assert '"$0" torch ||' in CI  # part of `all`
+    assert "stream torch" in CI.split("\n  all)", 1)[1].split(";;", 1)[0]  # part of `all`
     for path in ci_array("TORCH_SUBSET"):
         assert (ROOT / path).exists(), path
 

@@ -114,21 +114,25 @@ def tiny_factory(built):
 
 def test_parallelize_refuses_a_missing_name_by_name_before_any_training(monkeypatch, unpatched,
                                                                        no_trainer):
-    """Without the switch: UncheckedVersionError naming the name, nothing half-applied."""
+    """Without the switch: UncheckedVersionError naming the name, nothing half-applied. The
+    version is a checked one (an install whose Keras lacks a name of its own version): an
+    unchecked version is refused before any name is looked for (`compat._policy`)."""
     monkeypatch.delenv(compat.ALLOW_UNCHECKED_ENV, raising=False)
+    monkeypatch.setattr(keras, "__version__", "3.15.1")
     built = []
     with pytest.raises(compat.UncheckedVersionError) as raised:
         kmp.parallelize(strategy="mirrored")(tiny_factory(built))()
     message = str(raised.value)
     for name in ON_THE_TRAINER:
         assert f"  - {name} (" in message
-    assert "'tensorflow trainer'" in message and "Keras 3.17.0" in message
+    assert "'tensorflow trainer'" in message and "Keras 3.15.1" in message
     assert _compat_patches._applied == {}
 
 
 def test_with_the_switch_the_patches_on_a_missing_name_are_skipped_with_one_warning(
         monkeypatch, unpatched, no_trainer):
     monkeypatch.setenv(compat.ALLOW_UNCHECKED_ENV, "1")
+    monkeypatch.setattr(keras, "__version__", "3.15.1")  # checked: the names' warning alone
     with pytest.warns(UserWarning, match="'tensorflow trainer'") as caught:
         applied = compat.patch_keras()
     assert len([w for w in caught if "kmp.compat" in str(w.message)]) == 1

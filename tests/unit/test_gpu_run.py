@@ -138,3 +138,35 @@ def test_the_recorder_rewrites_its_file_after_each_change(gpu, tmp_path):
         step.update(status="skipped", message="not here")
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["steps"]["s"]["status"] == "skipped" and rec.failed == []
+
+
+def test_every_registered_part_has_a_module_with_both_sizes(gpu):
+    names = [name for name, *_ in gpu.run.PARTS]
+    assert {"torch", "verify", "metrics", "stop_signals"} <= set(names)  # issue 44's point 2
+    modules = {path.stem[len("part_"):] for path in FOLDER.glob("part_*.py")}
+    assert modules == set(names), "a part module not registered in PARTS, or the reverse"
+    for name in names:
+        module = importlib.import_module(f"part_{name}")
+        assert set(module.SIZES) == {"gpu", "cpu"} and callable(module.run), name
+    for name, gpu_s, dry_s, what in gpu.run.PARTS:
+        assert 0 < gpu_s <= dry_s and what, name
+
+
+def test_a_part_can_be_given_its_own_interpreter(gpu):
+    assert gpu.run.interpreters(["torch=/venv/bin/python"]) == {"torch": "/venv/bin/python"}
+    cmd = gpu.run.part_command("torch", "r.json", True, "/venv/bin/python")
+    assert cmd[0] == "/venv/bin/python" and cmd[-1] == "--cpu-dry-run"
+    assert gpu.run.part_command("tests", "r.json", False)[0] == sys.executable
+    for bad in ("torhc=/venv/bin/python", "torch=", "torch"):
+        with pytest.raises(ValueError, match=f"Received: --python '{bad}'"):
+            gpu.run.interpreters([bad])
+
+
+def test_the_metrics_part_says_which_groups_of_keys_have_landed(gpu):
+    metrics = importlib.import_module("part_metrics")
+    documented = "| `flops/per_step` | ... | `straggler/worker`, `straggler/phase` |"
+    found = metrics.verdicts({"flops/per_step": 3e9, "step_time/mean_ms": 2.0}, documented)
+    assert found["flops"] == {"status": "logged", "keys": {"flops/per_step": 3e9}}
+    assert found["straggler"]["status"] == "landed, not logged in this fit"
+    assert found["mfu"]["status"] == "not landed" and found["mfu"]["keys"] == {}
+    assert {g["status"] for g in metrics.verdicts({}, "").values()} == {"not landed"}

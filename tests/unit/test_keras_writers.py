@@ -94,7 +94,7 @@ def test_a_keras_checkpoint_on_every_worker_raises_on_every_worker_naming_the_dr
     for index, error in enumerate(errors):
         assert isinstance(error, ValueError), error
         message = str(error)
-        assert message.startswith("model.fit on several workers was given "
+        assert message.startswith("model.fit on several workers (TensorFlow lane) was given "
                                   "keras.callbacks.ModelCheckpoint, which has no multi-worker "
                                   "logic"), message
         assert "keras.callbacks.ModelCheckpoint -> kmp.callbacks.ModelCheckpoint" in message
