@@ -35,15 +35,18 @@ framework only when one is called:
   (`kmp.parallelize(random_layers="one_device")`);
 - `joined()`: `(rank, count)` of a job this process joined by the script's own means (a
   torch process group it started itself), else `None` (`kmp.topology()` asks it);
-- `random_state()`, `set_random_state(state)`: the framework's own global generator that
-  Keras's input pipeline draws from (torch: its `DataLoader` shuffle), as JSON values, or
-  `None` where there is none; `BackupAndRestore` records it at each epoch's start;
+- `random_state()`, `set_random_state(state)`: the framework's own global generators that
+  Keras draws from (torch: its `DataLoader` shuffle, an unseeded Dropout's masks), as JSON
+  values, or `None` where there is none; `BackupAndRestore` records them at each epoch's
+  start and at the backup's step;
 - `count_step_flops(model, original, args)`: runs one train step (Keras's train function
   `original`) and counts its forward and backward FLOPs (`_flop_count.FlopCount`);
   `compute_devices()`: what each local device is (its name, `"cpu"`);
   `float32_on_tensor_cores()`: whether float32 matmuls may use TF32 (for the peak);
   `step_pacer()`: a callable given each train step's result that keeps one step in flight
-  (JAX's asynchronous dispatch), else `None`.
+  (JAX's asynchronous dispatch), else `None`;
+- `drop_fed(model, count)`: `count` batches kmp fed were drawn and not trained (a resumed
+  epoch's first): what kmp kept for their steps is dropped (torch's `StepInfo`s).
 """
 
 from __future__ import annotations

@@ -14,10 +14,12 @@ import warnings
 from typing import Any
 
 from keras_mgpu_plugins import compat, runtime
+from keras_mgpu_plugins.callbacks import _resumed_files
 from keras_mgpu_plugins.callbacks import _training_state as training
 from keras_mgpu_plugins.io import atomic
 from keras_mgpu_plugins.io.backup_state import (
     INCOMPLETE,
+    BackupMismatchError,
     BackupState,
     check_shared,
     encode,
@@ -34,6 +36,13 @@ class Restoring:
     model: Any
     params: dict
     _on_disk: BackupState | None
+
+    def set_model(self, model: Any) -> None:
+        """Keras's `CallbackList` sets the model before any callback's `on_train_begin`: the
+        log files of this `fit` wait to know where it resumes (`_resumed_files`)."""
+        super().set_model(model)  # type: ignore[misc]
+        self._resumed = _resumed_files.announce(model, self)
+        compat.apply("csv_logger_resumes")
 
     def _restore(self) -> None:
         here = runtime.of(self.model)
@@ -71,8 +80,12 @@ class Restoring:
             )
         snapshot = {"latest": latest, "previous": previous}.get(source or "")
         self._on_disk = snapshot if isinstance(snapshot, BackupState) else None
-        if self._on_disk is not None and self._on_disk.epoch is not None:
+        resumed = self._on_disk is not None and self._on_disk.epoch is not None
+        if resumed:
             self._resume(self._on_disk, here)
+        if getattr(self, "_resumed", None) is not None:  # the log files of this fit go on
+            self._resumed.known((self._on_disk.epoch, self._on_disk.batches_done)
+                                if resumed else None)
 
     def _resume(self, state: BackupState, here: runtime.Runtime) -> None:
         """Training goes on where `state` was taken: its epoch, batch, random states, order."""
@@ -80,17 +93,42 @@ class Restoring:
         training.check_world(saved.get("world"), here.replicas_in_sync, here.num_workers,
                              self.params.get("steps"), self.backup_dir)
         training.check_data_order(saved, self.backup_dir)
+        training.check_steps_per_execution(state.batches_done, self.model, self.backup_dir)
         world = saved.get("world") or {}
         self._check_split = world.get("replicas", here.replicas_in_sync) != here.replicas_in_sync
         if "seed_generators" in saved:
             training.set_seed_generators(self.model, saved["seed_generators"], self.backup_dir)
         training.set_epoch_start(saved)
+        if state.batches_done:  # mid-epoch: its trained batches are drawn, seen by nothing
+            self._undo_skip = self._skip(state, saved, here)
         compat.set_initial_epoch(self.model, state.epoch)
-        self._current_epoch, self._skip_until = state.epoch, state.batches_done
+        self._current_epoch, self._resumed_at = state.epoch, state.batches_done
         self._batches_seen_since_last_saving = 0
-        if state.batches_done:  # mid-epoch: draw and skip the batches the backup had trained
-            per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
-            self._undo_skip = compat.skip_train_steps(self.model, state.batches_done // per_call)
+        self._last_batch_seen = max(state.batches_done - 1, 0)  # as after that backup
+
+    def _skip(self, state: BackupState, saved: dict, here: runtime.Runtime) -> Any:
+        """Makes the resumed epoch start at the backup's batch (`compat.skip_trained_batches`);
+        returns the undo.
+
+        Raises:
+            BackupMismatchError: Where this `fit` is not Keras's own, whose epoch cannot
+                start mid-way.
+        """
+        done = state.batches_done
+
+        def then() -> None:  # the batches are drawn: the next step is the first trained
+            training.drop_fed(self.model, done)
+            training.set_backend_rng_now(saved, here)
+
+        undo = compat.skip_trained_batches(self.model, done, then)
+        if undo is None:
+            raise BackupMismatchError(
+                f"The backup in backup_dir={self.backup_dir!r} was taken after {done} batches "
+                f"of epoch {state.epoch + 1}, but this fit is not Keras's own (kmp's "
+                "parameter-server fit, or a fit loop the model's class defines): its epoch "
+                "cannot go on at that batch. Resume with Keras's fit, or back up with "
+                "save_freq='epoch' and no stop signals. " + way_out(self.backup_dir))
+        return undo
 
     def _look_both(self) -> tuple[BackupState | str | None, BackupState | str | None]:
         """What this worker sees of both backups; the chief first clears stale temporaries."""

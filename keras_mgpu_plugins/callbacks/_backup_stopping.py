@@ -27,7 +27,6 @@ class Stopping:
     _checks: _stopping.Checks | None
     _current_epoch: int
     _batches_done: int
-    _skip_until: int
     _backed_up: tuple[int, int] | None
     _backup: Callable[[], None]
     _undo_skip: Callable[[], None]
@@ -45,8 +44,8 @@ class Stopping:
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Keras calls it on the training thread, before the batch: the steps before it
         # are trained, and every worker is at the same one (`_stopping.Checks`). Batches
-        # drawn and skipped on resume (before `_skip_until`) are no place to stop.
-        if self._checks is not None and self._checks.batch_begins() and batch >= self._skip_until:
+        # drawn and dropped on resume have no hooks.
+        if self._checks is not None and self._checks.batch_begins():
             self._batches_done = batch
             self._stop_if(self._checks.agreed())
 

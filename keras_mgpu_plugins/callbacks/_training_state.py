@@ -15,6 +15,9 @@ count too). The backup's metadata (`BackupState.training`, JSON) adds:
 - `data_order`: the state of kmp's own shuffled feeding at that epoch's start
   (`_data_order`: several processes, JAX or torch), so the resumed epochs see the rows in the
   order of the uninterrupted run whatever seed the new `fit` drew;
+- `backend_rng_now` (torch): every worker's state of torch's global random generators at
+  the backup's step (`backends.torch.resume`): an unseeded Dropout draws its masks from
+  them, so a resumed epoch gives them back once its trained batches are drawn;
 - `structure`: the model's weights (path, shape) and its optimizer (class, variables):
   a backup of another model or optimizer is refused with `BackupMismatchError` before
   Keras would load part of it (Keras skips an optimizer of another kind with a warning);
@@ -29,11 +32,12 @@ an order (interrupted or not).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
-from keras_mgpu_plugins import _data_order
+from keras_mgpu_plugins import _backend, _data_order
 from keras_mgpu_plugins.io.backup_state import BackupMismatchError, way_out
 
 
@@ -99,14 +103,10 @@ def set_python_rng(state: list) -> None:
 def backend_rng() -> list | None:
     """The active backend's global random state where its Keras draws from one (torch's
     generator: its `DataLoader` shuffle), as JSON values; `None` elsewhere."""
-    from keras_mgpu_plugins import _backend
-
     return _backend.active().random_state()
 
 
 def set_backend_rng(state: list | None) -> None:
-    from keras_mgpu_plugins import _backend
-
     if state is not None:
         _backend.active().set_random_state(state)
 
@@ -138,6 +138,51 @@ def set_data_order(state: dict | None) -> None:
     order = _data_order.current()
     if state is not None and order is not None:
         order.restore(state)
+
+
+def backup_extras(model: Any, here: Any, start: dict[str, Any], steps: Any) -> dict[str, Any]:
+    """`BackupState.training` of a backup taken now (`start`: `epoch_start()` of its epoch).
+    Where the backend has global generators (torch), every worker's state now (one
+    all-gather across workers): the step after the backup draws from them."""
+    extras = {**start, "seed_generators": seed_generators(model), "structure": structure(model),
+              "world": world(here.replicas_in_sync, here.num_workers, steps)}
+    now = backend_rng()
+    if now is not None:
+        mine = json.dumps(now)
+        every = here.gather_texts(mine) if here.spans_workers else [mine]
+        extras["backend_rng_now"] = [json.loads(text) for text in every]
+    return extras
+
+
+def set_backend_rng_now(saved: dict, here: Any) -> None:
+    """Gives this worker's backend generators their state at the backup's step
+    (`backup_extras`), where the backup's workers are these (elastic: left as they are)."""
+    states = saved.get("backend_rng_now") or []
+    if len(states) == here.num_workers and states[here.worker_index] is not None:
+        set_backend_rng(states[here.worker_index])
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """`count` batches were drawn for a resumed epoch and not trained: the backend forgets
+    what it kept for their steps (torch: `backends.torch.resume.drop_fed`)."""
+    _backend.active().drop_fed(model, count)
+
+
+def check_steps_per_execution(batches_done: int, model: Any, backup_dir: str) -> None:
+    """Raises where the resumed `fit` cannot start its epoch at the backup's batch: its
+    `steps_per_execution` does not divide the batches the backup had trained.
+
+    Raises:
+        BackupMismatchError: Naming both and what to do.
+    """
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    if batches_done % per_call:
+        raise BackupMismatchError(
+            f"The backup in backup_dir={backup_dir!r} was taken after {batches_done} batches "
+            f"of its epoch; this model's steps_per_execution={per_call} runs {per_call} "
+            f"batches per step, so its epoch cannot go on at batch {batches_done}: compile "
+            "with the steps_per_execution of the run that wrote it (or one that divides "
+            f"{batches_done}). " + _way_out(backup_dir))
 
 
 def structure(model: Any) -> dict[str, Any]:

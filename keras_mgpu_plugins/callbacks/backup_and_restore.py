@@ -161,7 +161,8 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
         self._prev_weights_path = f"{self._weights_path}.bkp"
         self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
         self._current_epoch = self._last_batch_seen = self._batches_seen_since_last_saving = 0
-        self._batches_done = self._skip_until = 0  # of the running epoch; skipped on resume
+        self._batches_done = 0  # of the running epoch
+        self._resumed_at = 0  # the resumed epoch's first batch (the ones before it unseen)
         self._due_at_end = False  # a periodic backup due at an epoch's last batch
         self._check_split = False  # resumed on another number of replicas: check the split
         self._epoch_start: dict = {}  # random and data-order states at the epoch's start
@@ -205,7 +206,7 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._current_epoch = epoch + 1
-        self._last_batch_seen = self._batches_done = self._skip_until = 0
+        self._last_batch_seen = self._batches_done = self._resumed_at = 0
         self._epoch_start = training.epoch_start()  # the next epoch's start
         if self.async_save and self.save_freq != "epoch":  # else the backup checks
             since = self._saves.since
@@ -218,15 +219,12 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
         self._check_at_epoch_end()
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self._check_split and batch > self._skip_until:  # on the training thread
+        if self._check_split and batch > self._resumed_at:  # on the training thread
             self._check_split_now()
         super().on_train_batch_begin(batch, logs)  # the stop checks (`Stopping`)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batches_done = batch + 1
-        if batch < self._skip_until:  # a batch the backup had trained, drawn and skipped
-            self._last_batch_seen = batch
-            return
         due = self._batch_due(batch)
         # An epoch's last batch: its backup and a stop wait for the epoch's end (validation,
         # on_epoch_end), so that a resumed fit never skips every batch of an epoch.
@@ -278,10 +276,8 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
         here = runtime.of(self.model)
         if self.async_save:  # at most one write in flight; its error first, everywhere
             self._saves.check(here, wait=True)
-        extras = {**self._epoch_start, "seed_generators": training.seed_generators(self.model),
-                  "structure": training.structure(self.model),
-                  "world": training.world(here.replicas_in_sync, here.num_workers,
-                                          self.params.get("steps"))}
+        extras = training.backup_extras(self.model, here, self._epoch_start,
+                                        self.params.get("steps"))
         state = BackupState(self._current_epoch, max(self._batches_done - 1, 0), "",
                             self._batches_done, extras)
         self._backed_up = (self._current_epoch, self._batches_done)

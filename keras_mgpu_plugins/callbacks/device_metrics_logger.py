@@ -50,7 +50,7 @@ import numpy as np
 
 from keras_mgpu_plugins import _step_phases, compat, runtime
 from keras_mgpu_plugins.callbacks import _device_metrics_end as _end
-from keras_mgpu_plugins.callbacks import _freq, events
+from keras_mgpu_plugins.callbacks import _freq, _resumed_files, events
 from keras_mgpu_plugins.callbacks._device_metrics_run import Efficiency, cost_per_hour, run_vector
 from keras_mgpu_plugins.samplers import DeviceSampler, GPUSampler, HostSampler, SamplerThread
 from keras_mgpu_plugins.samplers import efficiency as eff
@@ -310,7 +310,7 @@ class DeviceMetricsLogger(keras.callbacks.Callback):
 
     def _open_sinks(self) -> None:
         if self._chief:
-            self._sinks = RecordSinks(self.csv_path, self.log_dir)
+            self._sinks = RecordSinks(self.csv_path, self.log_dir, _resumed_files.asker(self))
 
     def _hidden_from_progbar(self) -> list[str]:
         return [key for key in self._schema.keys or () if key not in rec.PROGBAR_KEYS]

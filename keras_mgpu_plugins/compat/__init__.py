@@ -104,7 +104,7 @@ from keras_mgpu_plugins.compat._registry import (
 )
 from keras_mgpu_plugins.compat._report import CompatReport, PatchVerdict, report
 from keras_mgpu_plugins.compat._step_watch import watch_steps
-from keras_mgpu_plugins.compat._trainer import skip_train_steps
+from keras_mgpu_plugins.compat._trainer import fit_epoch_iterator, skip_trained_batches
 
 __all__ = [
     "ALLOW_UNCHECKED_ENV", "KERAS_HOOK_CALLS", "KERAS_PRIVATE_HOOKS",
@@ -116,7 +116,8 @@ __all__ = [
     "keras_print_msg", "keras_version", "local_replica_values", "loss_tracker_rows", "rows_countable",
     "open_assets_store", "open_h5_store", "h5_store_class", "patch_keras", "require",
     "save_model_to_hdf5", "save_state_walk", "serialize_model_as_json",
-    "set_async_safe", "set_initial_epoch", "skip_train_steps", "strategy_name", "unpatch_keras",
+    "set_async_safe", "set_initial_epoch", "skip_trained_batches", "fit_epoch_iterator",
+    "strategy_name", "unpatch_keras",
     "apply", "apply_to", "applied_on", "order_problems", "remove", "remove_from", "replace",
     "symptom_index", "NAMES", "PrivateName", "MissingNameError", "CompatReport", "PatchVerdict",
     "report", "watch_steps",

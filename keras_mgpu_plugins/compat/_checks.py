@@ -146,11 +146,11 @@ def check_initial_epoch() -> list[str]:
     return []
 
 
-#: How each backend's `fit` calls its train function (`compat.skip_train_steps` mimics it).
-TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
-                        "jax": "self.train_function(state, iterator)"}
 #: How each backend's `fit` calls its train function, for `compat.watch_steps`.
-WATCHED_TRAIN_FUNCTION_CALLS = {**TRAIN_FUNCTION_CALLS, "torch": "self.train_function(data)"}
+WATCHED_TRAIN_FUNCTION_CALLS = {"tensorflow": "self.train_function(iterator)",
+                                "jax": "self.train_function(state, iterator)",
+                                "torch": "self.train_function(data)"}
+TRAIN_FUNCTION_CALLS = WATCHED_TRAIN_FUNCTION_CALLS
 #: The trainer modules `check_train_function` reads (by the backend's name).
 TRAINER_MODULES = tuple(f"{backend} trainer module" for backend in WATCHED_TRAIN_FUNCTION_CALLS)
 

@@ -293,10 +293,11 @@ FEATURES: tuple[Patch, ...] = (
                  "callback_list.py", per_instance=True),
 )
 
+from keras_mgpu_plugins.compat._resume_features import RESUME_FEATURES  # noqa: E402
 from keras_mgpu_plugins.compat._torch_features import TORCH_FEATURES  # noqa: E402
 from keras_mgpu_plugins.compat._verify_features import (  # noqa: E402
     RANDOM_FEATURES,
     VERIFY_FEATURES,
 )
 
-FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES
+FEATURES += TORCH_FEATURES + VERIFY_FEATURES + RANDOM_FEATURES + RESUME_FEATURES

@@ -134,7 +134,8 @@ NAMES: tuple[PrivateName, ...] = (
        has=("initialize_rng",), needs="jax"),
     _k("jax trainer module", "keras.src.backend.jax.trainer", has=("_distribute_data",),
        needs="jax"),
-    _k("torch trainer module", "keras.src.backend.torch.trainer", needs="torch"),
+    _k("torch trainer module", "keras.src.backend.torch.trainer", has=("TorchEpochIterator",),
+       needs="torch"),
     PrivateName("jax variable", "keras", (
         ("3.0.0", "keras.src.backend.jax.core.JaxVariable"),
         ("3.16.0", "keras.src.backend.jax.ops.core.Variable")),

@@ -1,13 +1,10 @@
 """The private Keras and TensorFlow API that `compat` touches: what, who needs it, versions, checks.
 
-`keras_mgpu_plugins.compat` and the TensorFlow patches are the only ones that touch
-Keras internals, each through `compat._names` (every private name with its history);
-each helper names here the `PrivateUse` it relies on and calls `require(name)` first.
-The checks themselves live in `compat._checks`. A `PrivateUse` records the Keras names relied
-on, what in this package needs them, the Keras versions it is known for, and a `check` naming
-what is missing or changed. `tests/unit/test_compat.py` runs every
-check and exercises every helper in a real `fit`, so a Keras upgrade that
-renames or reshapes one fails there first.
+`keras_mgpu_plugins.compat` and the TensorFlow patches alone touch Keras internals, through
+`compat._names`; each helper names the `PrivateUse` it relies on and calls `require(name)`
+first (checks: `compat._checks`). A `PrivateUse` records the names relied on, what needs
+them, the versions it is known for, and a `check` naming what is missing or changed;
+`tests/unit/test_compat.py` runs every check and every helper in a real `fit`.
 
 Versions. Run-tested: Keras 3.10.0 (TensorFlow 2.16.2) and 3.15.1 (TensorFlow 2.21), both in
 CI (`tests/unit/test_compat.py` on each). The lower bounds come from reading the sources of
@@ -18,10 +15,9 @@ needs. `max_version` (exclusive) is `CHECKED_BELOW["keras"]` (3.16.0), the first
 internals (`library="tensorflow"`) are known for TensorFlow 2.16 to 2.21 (the
 range of the TensorFlow patches in `PATCHES`): `max_version` 2.22.0.
 
-Outside its range a use is never trusted silently (`require`): its check
-runs; if it fails, or the version is below the range, the use's documented
-fallback applies (with one warning) or `RuntimeError` names what changed. If
-the check passes on a newer Keras, the use goes on with one warning. A check
+Outside its range a use is never trusted silently (`require`): its check runs; if it fails,
+or the version is below the range, the use's documented fallback applies (with one warning)
+or `RuntimeError` names what changed; passing on a newer Keras, it goes on with one warning. A check
 runs once per use and Keras version (`require` caches what it found). A check that
 raises (a private name moved where `compat._names` does not know it) counts as failing,
 with what it raised: never an exception out of `check_private_uses`.
@@ -165,12 +161,16 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
     PrivateUse("initial_epoch", "Model._initial_epoch (read by fit after on_train_begin)",
                "kmp.callbacks.BackupAndRestore (restoring the epoch)", "3.1.0", _MAX,
                checks.check_initial_epoch, "Use a Keras version in that range."),
-    PrivateUse("train_function", "Trainer.train_function (made before on_train_begin; called "
-               "as train_function(iterator) on TensorFlow, train_function(state, iterator) on "
-               "JAX, each call one step of steps_per_execution batches)",
+    PrivateUse("fit_epoch_iterator", "fit's local epoch_iterator (made before on_train_begin, "
+               "looped over after it: read from the running fit's frame) and "
+               "EpochIterator._enumerate_iterator (the generator of its steps, each with the "
+               "iterator of the epoch's batches; TensorFlow, JAX and torch alike)",
                "kmp.callbacks.BackupAndRestore (resuming mid-epoch: the batches trained before "
-               "the backup are drawn and skipped)", "3.1.0", _MAX, checks.check_train_function,
-               "Use a Keras version in that range."),
+               "the backup are drawn and dropped before any callback sees them)", "3.10.0",
+               _MAX, lambda: _lazy_check("keras_mgpu_plugins.compat._trainer",
+                                         "check_fit_epoch_iterator"),
+               "Use a Keras version in that range, or save_freq='epoch' (a backup at an "
+               "epoch's end resumes at the next epoch's start)."),
     PrivateUse("train_function_watched", "Trainer.train_function (replaced on the instance for "
                "one fit: each call timed, the first run through the backend's FLOP counter; "
                "called as WATCHED_TRAIN_FUNCTION_CALLS says)", "kmp.callbacks.DeviceMetricsLogger "

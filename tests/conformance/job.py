@@ -97,9 +97,10 @@ class Writes:
         return sorted({p for p in self.seen if ".tmp" not in p and "kmp-tmp" not in p})
 
 
-def recorder(events: Sequence[str], log: list):
+def recorder(events: Sequence[str], log: list, out: str):
     """The test's eyes in the `main` fit: every batch hook (epoch, index, log keys, loss)
-    and epoch end, and the events to act out."""
+    and epoch end, and the events to act out (the hooks saved before a SIGKILL: a killed
+    process runs no `finally`)."""
     import keras
 
     wanted = [e.split(":") for e in events]
@@ -113,6 +114,8 @@ def recorder(events: Sequence[str], log: list):
         def on_train_batch_begin(self, batch, logs=None):
             for when_epoch, when_batch, what, worker in wanted:
                 if (int(when_epoch), int(when_batch), int(worker)) == (self.epoch, batch, rank()):
+                    if what == "SIGKILL":
+                        save(out, "hooks", {"hooks": log})
                     act(what)
 
         def on_train_batch_end(self, batch, logs=None):
@@ -152,7 +155,7 @@ def main_phase(out: str, args: argparse.Namespace, writes: Writes) -> dict:
     x, y = data()
     hooks: list = []
     callbacks = [
-        recorder(args.at, hooks),  # first: it sees each batch end before a stop raises
+        recorder(args.at, hooks, out),  # first: it sees each batch end before a stop raises
         # a check for stop signals before every step (the default checks every K steps, at
         # most 2 s apart: a stop after this job's last step; tests/multi_worker/
         # test_stop_at_defaults.py holds the default's bound)

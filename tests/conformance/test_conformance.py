@@ -82,6 +82,8 @@ class Jobs:
         found["term_hooks"] = hooks(found["term"])
         if (out / "backup").exists():
             shutil.copytree(out / "backup", self._out(start, "elastic", "backup"))
+        for stale in (out / "results").glob("hooks-w*.json"):  # the SIGTERM run's
+            stale.unlink()
         found["kill"] = how.run(["--phases", "main", "--at", f"1:3:SIGKILL:{victim}"], out)
         found["kill_hooks"] = hooks(found["kill"])
         found["end"] = how.run(["--phases", "main"], out)
@@ -227,6 +229,7 @@ def test_stop_signal_resume(jobs, start):
     (epoch, batch), = last
     steps = -(-int(job.ROWS * 0.75) // job.BATCH)  # per epoch (validation_split=0.25)
     expected = (epoch, batch + 1) if batch + 1 < steps else (epoch + 1, 0)
+    assert len(chain["kill_hooks"]) >= 1, "no worker of the resumed run recorded its hooks"
     for rank, resumed in enumerate(chain["kill_hooks"]):
         first = resumed[0]
         assert (first["epoch"], first["batch"]) == expected, (

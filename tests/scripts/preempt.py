@@ -17,7 +17,11 @@ given; 0: the workers check at every step, so the stop is at the batch after the
 `--progress`: each worker writes OUT.progress-W ("epoch batch") at each batch end
 (`benchmarks/preemption.py`). `--plain`: no callback of the script's own (whose batch-end
 hooks make Keras run every batch-end hook on the training thread); `--sync-hook` adds one
-that does nothing (what running them there costs). Any backend.
+that does nothing (what running them there costs). `--dropout-seed none`: an unseeded
+Dropout (on torch it draws from torch's global generator). `--spe N`:
+`steps_per_execution=N`. `--hooks`: the chief records, in OUT.json's "hooks", every batch
+hook its callbacks saw: `[epoch, "begin" | "end", batch, sorted logs keys]`. `--csv PATH`:
+Keras's `CSVLogger(PATH)` (one file for a run and its rerun). OUT.json's "loss" is the last epoch's loss. Any backend.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ parser.add_argument("--no-backup", action="store_true")
 parser.add_argument("--slow", type=float, default=0.0, help="seconds of sleep per batch")
 parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--dropout", type=float, default=0.25)
+parser.add_argument("--dropout-seed", default="3")
+parser.add_argument("--spe", type=int, default=1)
+parser.add_argument("--hooks", action="store_true")
+parser.add_argument("--csv", default=None)
 parser.add_argument("--no-shuffle", action="store_true")
 parser.add_argument("--no-stop-signals", action="store_true")
 parser.add_argument("--stop-check-interval", type=float, default=None)
@@ -57,6 +65,7 @@ parser.add_argument("--progress", action="store_true",
 args = parser.parse_args()
 
 keras.utils.set_random_seed(7)
+dropout_seed = None if args.dropout_seed == "none" else int(args.dropout_seed)
 
 
 @kmp.parallelize
@@ -65,10 +74,11 @@ def build():
         keras.Input((6,)),
         keras.layers.Dense(16, activation="relu",
                            kernel_initializer=keras.initializers.GlorotUniform(1)),
-        keras.layers.Dropout(args.dropout, seed=3),
+        keras.layers.Dropout(args.dropout, seed=dropout_seed),
         keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(2)),
     ])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                  steps_per_execution=args.spe)
     return model
 
 
@@ -89,7 +99,11 @@ mark_at = point(args.mark_at)
 
 class Events(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
-        self.epochs, self.batches = [], 0
+        self.epochs, self.batches, self.hooks = [], 0, []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if args.hooks:
+            self.hooks.append([self.epoch, "begin", batch, sorted(logs or {})])
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epochs.append(epoch)
@@ -97,6 +111,8 @@ class Events(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
+        if args.hooks:
+            self.hooks.append([self.epoch, "end", batch, sorted(logs or {})])
         if args.slow:
             time.sleep(args.slow)
         if signal_at and (self.epoch, batch, worker) == signal_at:
@@ -155,9 +171,10 @@ if args.progress:
     callbacks.insert(0, Progress())
 if args.sync_hook:
     callbacks.append(SyncHook())
-model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=not args.no_shuffle,
-          verbose=0,
-          callbacks=callbacks)
+if args.csv:  # first: its on_train_begin runs before BackupAndRestore restores
+    callbacks.insert(0, keras.callbacks.CSVLogger(args.csv))
+history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+                    shuffle=not args.no_shuffle, verbose=0, callbacks=callbacks)
 seconds = time.perf_counter() - began
 weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 if worker == 0:
@@ -165,4 +182,6 @@ if worker == 0:
     with open(args.out + ".json", "w") as f:
         json.dump({"epochs": getattr(events, "epochs", None),
                    "batches": getattr(events, "batches", None), "fit_s": seconds,
-                   "epoch_s": epoch_times.seconds}, f)
+                   "epoch_s": epoch_times.seconds,
+                   "loss": float(history.history["loss"][-1]),
+                   "hooks": getattr(events, "hooks", None)}, f)

@@ -261,26 +261,58 @@ def test_use_tf_sharded_variable():
     assert table.variables == shards and tuple(table.shape) == (3, 3)
     assert sharded.check_sharded_variable() == []
 @pytest.mark.slow  # a real fit
-def test_use_train_function(capsys):
-    """The resumed fit draws the skipped batches in order and trains the rest, as Keras would."""
-    model, x, y = tiny_model(rows=12)
-    seen = []
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_use_fit_epoch_iterator(per_step):
+    """The resumed fit's first epoch draws its first 2 batches and no hook sees them: the first
+    is batch 2, with its real index and full logs; the weights are those of training on the
+    rest, as Keras would (steps_per_execution=2 too)."""
+    model, x, y = tiny_model(rows=16)
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"], steps_per_execution=per_step)
+    seen, then = [], []
 
-    class Rows(keras.callbacks.Callback):
+    class Hooks(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.undo = compat.skip_train_steps(self.model, 2)
+            assert compat.fit_epoch_iterator(self.model) is not None
+            self.undo = compat.skip_trained_batches(self.model, 2, lambda: then.append(
+                int(self.model.optimizer.iterations.numpy())))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(("begin", batch))
 
         def on_train_batch_end(self, batch, logs=None):
-            seen.append((batch, float(self.model.optimizer.iterations.numpy())))
+            seen.append(("end", batch, sorted(logs)))
 
-    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Rows()])
-    assert seen == [(0, 0.0), (1, 0.0), (2, 1.0), (0, 2.0), (1, 3.0), (2, 4.0)]
-    reference, _, _ = tiny_model(rows=12)
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Hooks()])
+    ends = [("end", b, ["loss", "mae"]) for b in range(per_step - 1, 4, per_step)]
+    begins = [("begin", b) for b in range(0, 4, per_step)]
+    every = [h for pair in zip(begins, ends, strict=True) for h in pair]
+    assert seen == every[2 // per_step * 2:] + every  # epoch 1 from batch 2, epoch 2 whole
+    assert then == [0]  # once, before the first trained step
+    reference, _, _ = tiny_model(rows=16)
     reference.fit(x[8:], y[8:], batch_size=4, epochs=1, shuffle=False, verbose=0)
     reference.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
     for a, b in zip(model.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
-    assert "train_function" not in vars(model) or model.train_function is not None
+    assert compat.fit_epoch_iterator(model) is None  # outside fit
+
+
+def test_use_fit_epoch_iterator_refuses_a_fit_it_does_not_know(monkeypatch):
+    from keras_mgpu_plugins.compat import _trainer
+
+    model, x, y = tiny_model()
+    monkeypatch.setattr(_trainer, "_trainer_fit", lambda backend: None)
+    forget_checks(monkeypatch)
+    found = []
+
+    class Resume(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            with pytest.raises(compat.UncheckedVersionError) as refused:
+                compat.skip_trained_batches(self.model, 1)
+            found.append(str(refused.value))
+
+    model.fit(x, y, batch_size=5, epochs=1, verbose=0, callbacks=[Resume()])
+    assert "the tensorflow backend's trainer fit is not known" in found[0]
+    assert "save_freq='epoch'" in found[0]
 
 
 def test_use_train_function_watched():

@@ -13,6 +13,7 @@ import pathlib
 import types
 
 import keras
+import numpy as np
 import pytest
 
 import keras_mgpu_plugins as kmp
@@ -162,6 +163,7 @@ def test_an_undeclared_pair_is_refused_when_applied(clean, monkeypatch):
 def instances():
     """One fresh object per per-instance record, with the arguments kmp gives it."""
     import tensorflow as tf
+    from keras.src.trainers.epoch_iterator import EpochIterator
 
     def model():
         made = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -184,6 +186,8 @@ def instances():
         "multi_gpu_template_watch": (model(), types.SimpleNamespace(_watch=lambda m: m)),
         "verify_noise_rows_reversed": (model(),),
         "random_layer_rows": (keras.layers.Dropout(0.5),),
+        "resume_skips_trained_batches": (EpochIterator(x=np.zeros((4, 3)), batch_size=2), 2,
+                                         None),
     }
 
 
@@ -211,6 +215,7 @@ def test_unpatch_keras_puts_back_every_original(clean):
     compat.apply("placed_model_clone_warning")
     compat.apply("random_draws_as_one_device")  # as random_layers="one_device" does
     compat.apply("verify_records_calls")  # as a kmp-verify run does
+    compat.apply("csv_logger_resumes")  # as BackupAndRestore does
     for name in ps_cluster.RECORDS:  # as a parameter-server strategy applies them
         compat.apply(name)
     objects = instances()

@@ -193,3 +193,7 @@ def float32_on_tensor_cores() -> bool:
 def step_pacer() -> None:
     """`None`: no backend of kmp's: the steps are timed as Keras runs them."""
     return None
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """kmp keeps nothing per batch it feeds on this backend."""

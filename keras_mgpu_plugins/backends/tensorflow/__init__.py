@@ -173,3 +173,7 @@ def step_pacer() -> None:
     """`None`: a step of Keras's train function returns when TensorFlow has run it (its host
     executor), the time between steps is the step's own."""
     return None
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """kmp keeps nothing per batch it feeds on this backend."""

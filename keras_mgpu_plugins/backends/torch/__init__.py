@@ -41,17 +41,17 @@ def apart(model: Any) -> str | None:
 
 
 def random_state() -> list[int]:
-    """torch's global generator's state (what Keras's `DataLoader` shuffle draws from), as
-    JSON values; `BackupAndRestore` records it at each epoch's start."""
-    import torch
+    """torch's global generators' state (what Keras's `DataLoader` shuffle and an unseeded
+    Dropout draw from), as JSON values (`backends.torch.resume`)."""
+    from keras_mgpu_plugins.backends.torch import resume
 
-    return torch.get_rng_state().tolist()
+    return resume.random_state()
 
 
 def set_random_state(state: list[int]) -> None:
-    import torch
+    from keras_mgpu_plugins.backends.torch import resume
 
-    torch.set_rng_state(torch.tensor(state, dtype=torch.uint8))
+    resume.set_random_state(state)
 
 
 def simulate_devices(n: int, memory_limit_mb: int | None = None) -> list[str]:
@@ -187,3 +187,10 @@ def step_pacer() -> None:
     """`None`: Keras's torch step runs eagerly on the host; on a GPU the CUDA queue bounds how far
     it runs ahead, so the mean over an epoch of many steps is the devices' pace."""
     return None
+
+
+def drop_fed(model: Any, count: int) -> None:
+    """`count` batches kmp fed `model` were drawn and not trained (a resumed epoch's first)."""
+    from keras_mgpu_plugins.backends.torch import resume
+
+    resume.drop_fed(model, count)
