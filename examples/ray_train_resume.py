@@ -15,14 +15,16 @@ node is when training reaches that step (`ray drain-node --reason
 DRAIN_NODE_REASON_PREEMPTION`, with a deadline): Ray's preemption notice reaches the workers,
 `BackupAndRestore` stops them at one agreed step with the backup written (as a SIGTERM would;
 exit code 75), and Ray starts the group again on another node, which resumes from the backup.
-Each worker writes what it saw to `<out>/worker-<rank>-<attempt>.json`;
-the last line printed is a JSON summary.
+Either backend resumes mid-epoch, bit for bit (the batches before the backup's drawn, not
+trained). Each worker writes what it saw to `<out>/worker-<rank>-<attempt>.json` (the step
+it started at, `resumed_at`, and the steps it trained); the last line printed is a JSON summary.
 
     pip install torch --index-url https://download.pytorch.org/whl/cpu
     pip install -e ".[torch,ray]"            # or ".[tensorflow,ray]" for --backend tensorflow
     python examples/ray_train_resume.py --out /tmp/ray-torch
-    python examples/ray_train_resume.py --backend tensorflow --kill-at 7 --out /tmp/ray-killed
-    python examples/ray_train_resume.py --backend tensorflow --preempt-at 5 --out /tmp/ray-preempted
+    python examples/ray_train_resume.py --kill-at 7 --out /tmp/ray-killed
+    python examples/ray_train_resume.py --preempt-at 5 --out /tmp/ray-preempted
+    python examples/ray_train_resume.py --backend tensorflow --kill-at 7 --out /tmp/ray-tf-killed
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def train_loop_per_worker(config: dict) -> None:
     steps: list[int] = []
 
     class Steps(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after BackupAndRestore's: the restored step
+            record["resumed_at"] = int(self.model.optimizer.iterations.numpy())
+
         def on_train_batch_end(self, batch, logs=None):
             steps.append(int(self.model.optimizer.iterations.numpy()))
             if kill_at and attempt == 0 and topology.worker_index == 1 and steps[-1] == kill_at:
