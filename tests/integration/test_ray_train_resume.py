@@ -130,7 +130,8 @@ def _preempted_and_resumed(backend: str, uninterrupted: dict, out: Path) -> None
     assert "Ray's preemption notice" in summary["output"]  # what each worker said on it
     assert "stopped by SIGTERM" in first[0]["stopped"]["message"]  # taken as a SIGTERM
     stopped_at = first[0]["stopped"]["step"]
-    assert first[1]["stopped"]["step"] == stopped_at >= PREEMPT_AT  # one agreed step on both
+    assert first[1]["stopped"]["step"] == stopped_at  # one agreed step on both, during training
+    assert PREEMPT_AT <= stopped_at < STEPS, f"stopped at step {stopped_at} of {STEPS}"
     for rank in (0, 1):
         resumed = records[rank, 1]
         assert resumed["resumed_at"] == stopped_at  # the saved step, not an older backup
