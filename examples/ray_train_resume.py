@@ -15,14 +15,16 @@ node is when training reaches that step (`ray drain-node --reason
 DRAIN_NODE_REASON_PREEMPTION`, with a deadline): Ray's preemption notice reaches the workers,
 `BackupAndRestore` stops them at one agreed step with the backup written (as a SIGTERM would;
 exit code 75), and Ray starts the group again on another node, which resumes from the backup.
-Each worker writes what it saw to `<out>/worker-<rank>-<attempt>.json`;
-the last line printed is a JSON summary.
+Either backend resumes mid-epoch, bit for bit (the batches before the backup's drawn, not
+trained). Each worker writes what it saw to `<out>/worker-<rank>-<attempt>.json` (the step
+it started at, `resumed_at`, and the steps it trained); the last line printed is a JSON summary.
 
     pip install torch --index-url https://download.pytorch.org/whl/cpu
     pip install -e ".[torch,ray]"            # or ".[tensorflow,ray]" for --backend tensorflow
     python examples/ray_train_resume.py --out /tmp/ray-torch
-    python examples/ray_train_resume.py --backend tensorflow --kill-at 7 --out /tmp/ray-killed
-    python examples/ray_train_resume.py --backend tensorflow --preempt-at 5 --out /tmp/ray-preempted
+    python examples/ray_train_resume.py --kill-at 7 --out /tmp/ray-killed
+    python examples/ray_train_resume.py --preempt-at 5 --out /tmp/ray-preempted
+    python examples/ray_train_resume.py --backend tensorflow --kill-at 7 --out /tmp/ray-tf-killed
 """
 
 from __future__ import annotations
@@ -78,13 +80,17 @@ def train_loop_per_worker(config: dict) -> None:
     steps: list[int] = []
 
     class Steps(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after BackupAndRestore's: the restored step
+            record["resumed_at"] = int(self.model.optimizer.iterations.numpy())
+
         def on_train_batch_end(self, batch, logs=None):
             steps.append(int(self.model.optimizer.iterations.numpy()))
             if kill_at and attempt == 0 and topology.worker_index == 1 and steps[-1] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # a lost node: no chance to save
             if preempt_at and attempt == 0 and steps[-1] >= preempt_at:
-                if steps[-1] == preempt_at:
+                if steps[-1] == preempt_at:  # the node is drained from here: its notice
                     open(os.path.join(out, f"reached-{topology.worker_index}"), "w").close()
+                    _wait_for(os.path.join(out, "drained"))  # comes within the next steps
                 time.sleep(1.0)  # steps as long as a real model's, for the notice to come
 
     saved: list[str] = []
@@ -107,6 +113,14 @@ def train_loop_per_worker(config: dict) -> None:
         _write(out, record)
         raise  # Ray sees the group stop, and starts it again
     _write(out, {**record, "weights": [w.tolist() for w in model.get_weights()]})
+
+
+def _wait_for(path: str, timeout_s: float = 300.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _write(out: str, record: dict) -> None:
@@ -201,8 +215,9 @@ def _catch(call, failed: list) -> None:
 
 
 def _preempt(cluster, node, out_dir: str, num_workers: int, fit: threading.Thread) -> None:
-    """Once every worker reached the step: the workers' node drained as a preempted one (what
-    Ray's autoscaler does on a spot node's notice), then a node for the restart."""
+    """Once every worker reached the step (where they wait for `drained`): the workers' node
+    drained as a preempted one (what Ray's autoscaler does on a spot node's notice), then a
+    node for the restart."""
     import subprocess
     import sys
     import time
@@ -212,10 +227,13 @@ def _preempt(cluster, node, out_dir: str, num_workers: int, fit: threading.Threa
         if not fit.is_alive():
             return
         time.sleep(0.1)
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node",
-                    "--address", cluster.address, "--node-id", node.node_id,
-                    "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot",
-                    "--deadline-remaining-seconds", "120"], check=True)
+    try:
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "drain-node",
+                        "--address", cluster.address, "--node-id", node.node_id,
+                        "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot",
+                        "--deadline-remaining-seconds", "120"], check=True)
+    finally:
+        open(os.path.join(out_dir, "drained"), "w").close()  # the workers go on
     cluster.add_node(num_cpus=num_workers)  # where Ray starts the group again
 
 

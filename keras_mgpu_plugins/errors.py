@@ -115,8 +115,20 @@ class TrainingStopped(SystemExit):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled whole (its arguments are keyword-only, which `BaseException`'s pickling
+        loses): Ray Train sends a worker's exception to its controller, which failed to rebuild
+        it (`TypeError: ... missing 3 required keyword-only arguments`)."""
+        return _rebuild_stopped, (type(self), self.record())
+
     def record(self) -> dict[str, Any]:
         """Its attributes as plain values (what a worker reports to the launcher)."""
         return {"message": self.message, "signal": self.signal, "saved": self.saved,
                 "code": self.code, "epoch": self.epoch, "batches_done": self.batches_done,
                 "backup_dir": self.backup_dir, "received": self.received}
+
+
+def _rebuild_stopped(cls: type[TrainingStopped], record: dict[str, Any]) -> TrainingStopped:
+    """A `TrainingStopped` from its `record()` (its unpickling)."""
+    record = dict(record)
+    return cls(record.pop("message"), **record)

@@ -3,13 +3,13 @@ user runs it).
 
 `TorchTrainer` (kmp's torch lane): Ray starts the workers and their torch process group,
 `@kmp.parallelize` joins it; the two workers train one model equal to one device on the global
-batches, and the chief alone writes the checkpoints. A worker killed under
-`FailureConfig(max_failures=1)` makes Ray start the group again, which resumes from
-`BackupAndRestore`'s backup on shared storage and ends bit for bit where an uninterrupted run
-ends: mid-epoch on `TensorflowTrainer`, at the epoch's start on `TorchTrainer` (kmp's mid-epoch
-resume on torch is not there yet: `BackupAndRestore` refuses it). A node drained as a preempted
-one (Ray's preemption notice) stops the workers at one agreed step with the backup written
-(exit code 75), and Ray starts the group again on another node, which resumes there bit-exact.
+batches, and the chief alone writes the checkpoints. On `TorchTrainer` and `TensorflowTrainer`
+alike, a worker killed (SIGKILL) under `FailureConfig(max_failures=1)` makes Ray start the group
+again, which resumes mid-epoch from `BackupAndRestore`'s last backup on shared storage (the
+epoch's batches before it drawn, not trained) and ends bit for bit where an uninterrupted run
+ends; a node drained as a preempted one (Ray's preemption notice) stops the workers at one
+agreed step with the backup written (exit code 75), and Ray starts the group again on another
+node, which resumes at that step, bit-exact.
 Needs `pip install -e ".[torch,test,ray]"` / `".[tensorflow,test,ray]"` (each test is skipped
 without its trainer's packages); 2 to 4 minutes a run on 2 CPU cores.
 """
@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ray_train_resume.py"
 KILL_AT = 7  # in epoch 1 of 8 steps; the backup before it: step 6
 PREEMPT_AT = 5  # the notice reaches the workers a step or two later
+STEPS = 24  # the example's 3 epochs of 8 steps
 
 
 def _run(*args: str, backend: str = "torch") -> dict:
@@ -97,18 +98,6 @@ def test_torch_trainer_the_chief_alone_writes_each_checkpoint(plain):
     assert not [p for p in out.iterdir() if ".tmp" in p.name or p.name.startswith(".")]
 
 
-@torch_lane
-def test_torch_trainer_a_killed_worker_restarts_the_group_which_resumes_bit_exact(
-        plain, tmp_path):
-    """Killed at step 9, the first of epoch 2: resumed from the backup of epoch 1's end."""
-    summary = _run("--kill-at", "9", "--backup-every", "epoch", "--out", str(tmp_path))
-    records = _records(tmp_path)
-    assert summary["attempts"] == 2 and (1, 0) not in records
-    for rank in (0, 1):
-        assert min(records[rank, 1]["steps"]) >= 8 and records[rank, 1]["steps"][-1] == 24
-        _weights_equal(records[rank, 1]["weights"], plain[1][0, 0]["weights"])
-
-
 @pytest.fixture(scope="module")
 def tensorflow_plain(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf-plain")
@@ -116,24 +105,24 @@ def tensorflow_plain(tmp_path_factory):
     return _records(out)
 
 
-@tensorflow_lane
-def test_tensorflow_trainer_a_killed_worker_restarts_the_group_which_resumes_mid_epoch_bit_exact(
-        tensorflow_plain, tmp_path):
-    summary = _run("--kill-at", str(KILL_AT), "--out", str(tmp_path), backend="tensorflow")
-    records = _records(tmp_path)
+def _killed_and_resumed(backend: str, uninterrupted: dict, out: Path) -> None:
+    """Worker 1 SIGKILLed at KILL_AT (step 7 of epoch 1's 8, backups every 2 batches): Ray
+    starts the group again, which resumes at step 6, mid-epoch, and ends bit-exact."""
+    summary = _run("--kill-at", str(KILL_AT), "--out", str(out), backend=backend)
+    records = _records(out)
     assert summary["attempts"] == 2 and (1, 0) not in records  # worker 1 died at step 7
     for rank in (0, 1):
-        resumed = records[rank, 1]  # restored at step 6, the last backup: mid-epoch (the
-        assert min(resumed["steps"]) == KILL_AT - 1  # epoch's batches before it drawn, not trained)
-        assert KILL_AT in resumed["steps"] and resumed["steps"][-1] == 24
-        _weights_equal(resumed["weights"], tensorflow_plain[0, 0]["weights"])
+        resumed = records[rank, 1]
+        assert resumed["resumed_at"] == KILL_AT - 1  # the last backup's step, mid-epoch: the
+        assert resumed["steps"] == list(range(KILL_AT, STEPS + 1))  # batches before it not trained
+        _weights_equal(resumed["weights"], uninterrupted[0, 0]["weights"])
 
 
-@tensorflow_lane
-def test_tensorflow_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_bit_exact(
-        tensorflow_plain, tmp_path):
-    summary = _run("--preempt-at", str(PREEMPT_AT), "--out", str(tmp_path), backend="tensorflow")
-    records = _records(tmp_path)
+def _preempted_and_resumed(backend: str, uninterrupted: dict, out: Path) -> None:
+    """The workers' node drained as a preempted one: both stop at one agreed step with the
+    backup written (75); Ray starts the group on another node, which resumes there bit-exact."""
+    summary = _run("--preempt-at", str(PREEMPT_AT), "--out", str(out), backend=backend)
+    records = _records(out)
     assert summary["attempts"] == 2
     first = [records[rank, 0] for rank in (0, 1)]
     assert [r["stopped"]["code"] for r in first] == [75, 75]
@@ -141,8 +130,34 @@ def test_tensorflow_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_b
     assert "Ray's preemption notice" in summary["output"]  # what each worker said on it
     assert "stopped by SIGTERM" in first[0]["stopped"]["message"]  # taken as a SIGTERM
     stopped_at = first[0]["stopped"]["step"]
-    assert first[1]["stopped"]["step"] == stopped_at >= PREEMPT_AT  # one agreed step on both
+    assert first[1]["stopped"]["step"] == stopped_at  # one agreed step on both, during training
+    assert PREEMPT_AT <= stopped_at < STEPS, f"stopped at step {stopped_at} of {STEPS}"
     for rank in (0, 1):
         resumed = records[rank, 1]
-        assert min(resumed["steps"]) == stopped_at  # from the saved step, not an older backup
-        _weights_equal(resumed["weights"], tensorflow_plain[0, 0]["weights"])
+        assert resumed["resumed_at"] == stopped_at  # the saved step, not an older backup
+        assert resumed["steps"] == list(range(stopped_at + 1, STEPS + 1))
+        _weights_equal(resumed["weights"], uninterrupted[0, 0]["weights"])
+
+
+@torch_lane
+def test_torch_trainer_a_killed_worker_restarts_the_group_which_resumes_mid_epoch_bit_exact(
+        plain, tmp_path):
+    _killed_and_resumed("torch", plain[1], tmp_path)
+
+
+@torch_lane
+def test_torch_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_bit_exact(
+        plain, tmp_path):
+    _preempted_and_resumed("torch", plain[1], tmp_path)
+
+
+@tensorflow_lane
+def test_tensorflow_trainer_a_killed_worker_restarts_the_group_which_resumes_mid_epoch_bit_exact(
+        tensorflow_plain, tmp_path):
+    _killed_and_resumed("tensorflow", tensorflow_plain, tmp_path)
+
+
+@tensorflow_lane
+def test_tensorflow_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_bit_exact(
+        tensorflow_plain, tmp_path):
+    _preempted_and_resumed("tensorflow", tensorflow_plain, tmp_path)
