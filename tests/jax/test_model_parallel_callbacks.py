@@ -226,10 +226,18 @@ RUN_KEYS = {"step_time/mean_ms", "step_time/p50_ms", "step_time/p95_ms",
 
 
 def metric_keys(processes: int) -> set[str]:
-    """DeviceMetricsLogger's keys on CPU devices: the run's, each process's host memory and
+    """DeviceMetricsLogger's keys on CPU devices: the run's, the FLOPs/MFU and step phases (and
+    on several processes the straggler report), each process's host memory and
     CPU; no `device/` key (JAX's CPU devices report no memory: `memory_stats()` is None)."""
     scopes = [f"worker{rank}/" for rank in range(processes)] if processes > 1 else [""]
-    return RUN_KEYS | {f"host/{scope}{field}" for scope in scopes for field in ("memory_mb", "cpu_pct")}
+    efficiency = {"flops/per_step", "throughput/tflops", "throughput/tflops_per_device",
+                  "throughput/tokens_per_sec", "efficiency/mfu_pct"}
+    phases = {f"phase/{scope}{phase}_ms" for scope in scopes
+              for phase in ("input", "host", "compute")}
+    stragglers = ({"straggler/worker", "straggler/phase", "straggler/excess_ms"}
+                  if processes > 1 else set())
+    return (RUN_KEYS | efficiency | phases | stragglers
+            | {f"host/{scope}{field}" for scope in scopes for field in ("memory_mb", "cpu_pct")})
 
 
 def assert_throughput(logs: dict, replicas: int) -> None:
