@@ -77,8 +77,5 @@ def test_a_stop_at_the_defaults_is_one_step_on_every_worker_saved_and_resumed_ex
             "next check, in ") in err
 
     code, err, out = _launch(folder, "resumed")
-    if code != 0 and "the torch backend's fit is not known" in err:
-        pytest.xfail("a mid-epoch resume on torch is refused (issue 39, point 1): the stop "
-                     "itself was checked above")
     assert code == 0, err[-3000:]
     np.testing.assert_array_equal(np.load(out + ".npy"), expected)
