@@ -80,6 +80,8 @@ def free_ports(n: int) -> list[int]:
         with socket.socket() as probe:
             probe.bind(("localhost", 0))
             base = probe.getsockname()[1]
+        if base + n > 65535:
+            continue
         socks = []
         try:
             for port in range(base, base + n):

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+
+from tests.conformance.starts import free_ports
 
 pytestmark = [pytest.mark.multi_worker, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -56,29 +57,6 @@ SCRIPT = textwrap.dedent('''
         "weights": [w.tolist() for w in model.get_weights()],
     }), flush=True)
 ''')
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` consecutive free ports (SLURM's resolver numbers a node's tasks from a base)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("localhost", 0))
-            base = probe.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("localhost", port))
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-        return list(range(base, base + n))
-    raise RuntimeError("no consecutive free ports")
 
 
 def run_workers(tmp_path, envs: list[dict[str, str]], script_text: str = SCRIPT,
