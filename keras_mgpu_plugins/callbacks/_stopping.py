@@ -142,25 +142,32 @@ class Checks:
         return not self.spans or self.trained >= self.due
 
     def epoch_ends(self) -> bool:
-        """At an epoch's end (every step of it trained): whether to check now."""
+        """At an epoch's end (every step of it trained): whether to check now. At each one
+        that trained a step since the last check, due or not: Keras already waits there for
+        every worker (the epoch's metrics are read), and a K measured at faster steps (steps
+        that grew slower since) would otherwise put the next check far past the interval."""
         self.trained = self.begun
-        return not self.spans or self.trained >= self.due
+        return not self.spans or self.trained > self._since_trained
 
     def agreed(self) -> tuple[str, list[int]] | None:
         """The check: whether any worker received a stop signal (its name and the workers
         that received one). Every worker calls it at the same point."""
         if not self.spans:
             return local(self.runtime)
-        return self.agreed_with(_stop_signals.requested())
+        began = time.perf_counter()  # a watched source's question (Ray's) is part of the cost
+        return self.agreed_with(_stop_signals.requested(), began)
 
-    def agreed_with(self, request: _stop_signals.Request | None) -> tuple[str, list[int]] | None:
-        """`agreed`, with this worker's `request` given (the check itself, across workers)."""
+    def agreed_with(self, request: _stop_signals.Request | None,
+                    began: float | None = None) -> tuple[str, list[int]] | None:
+        """`agreed`, with this worker's `request` given (the check itself, across workers);
+        `began`: when the check began, where asking for `request` was part of it."""
         now = time.perf_counter()
-        step_s = (now - self._since) / max(1, self.trained - self._since_trained)
+        began = now if began is None else began
+        step_s = (began - self._since) / max(1, self.trained - self._since_trained)
         mine = np.array([0 if request is None else request.signum, round(step_s * 1e6),
                          round(self._cost * 1e6)], np.int64)
         votes = self.runtime.all_gather(mine)
-        self._cost = time.perf_counter() - now
+        self._cost = time.perf_counter() - began
         self.every = next_interval(votes[:, 1].max() / 1e6, votes[:, 2].max() / 1e6,
                                    self.interval_s)
         self.due = self.trained + self.every

@@ -98,8 +98,8 @@ class BackupAndRestore(Restoring, Stopping, keras.callbacks.BackupAndRestore):
             the workers agree on: names (`"SIGTERM"`), numbers, or `None` for
             none. In one process each batch's start reads whether one came (no
             collective). Across workers they check together at the start of
-            every K-th batch (and at an epoch's end once due, and at the end of
-            `fit`): one small all-gather, with K agreed from the step and check
+            every K-th batch (and at each epoch's end, and at the end of `fit`):
+            one small all-gather, with K agreed from the step and check
             times measured so that a check costs at most 0.5% of the time
             between two checks. Keras's batch hooks may still run off the
             training thread. Defaults to `("SIGTERM", "SIGUSR1")`.

@@ -3,9 +3,10 @@
 Ray Train runs the training function in a thread of each worker actor, where Python cannot
 install a signal handler. From Ray 2.60 a worker learns that a node of its group is being
 preempted (a spot node reclaimed, a drained node) from `ray.train.get_preemption_info()`:
-`BackupAndRestore` asks it every `PREEMPTION_CHECK_EVERY` of its checks (every worker at the
-same step: Ray's call is a barrier over the group and answers rank 0's view, so every worker
-gets the same answer), and a notice is taken as a SIGTERM is elsewhere: every worker stops at
+`BackupAndRestore` asks it at each of its checks (every worker at the same step: Ray's call is
+a barrier over the group and answers rank 0's view, so every worker gets the same answer; the
+question's time counts in the check's cost, which spaces the checks so that they take at most
+0.5% of training, at most `stop_check_interval` apart), and a notice is taken as a SIGTERM is elsewhere: every worker stops at
 one agreed step, the backup holds it, `fit` raises `TrainingStopped` (exit code 75), and Ray
 starts the group again (`FailureConfig`), which resumes from the backup.
 
@@ -19,9 +20,25 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
-#: How many of `BackupAndRestore`'s checks (about one per batch) between two questions to Ray.
-PREEMPTION_CHECK_EVERY = int(os.environ.get("KMP_RAY_PREEMPTION_CHECK_EVERY", "10"))
+#: Ray is asked at every n-th of `BackupAndRestore`'s checks (default 1: each; they are at most
+#: `stop_check_interval` apart, spaced by their measured cost).
+CHECK_EVERY_ENV = "KMP_RAY_PREEMPTION_CHECK_EVERY"
+
+
+def check_every(environ: Any = None) -> int:
+    """`KMP_RAY_PREEMPTION_CHECK_EVERY` (default 1), refused unless a whole number >= 1."""
+    raw = (os.environ if environ is None else environ).get(CHECK_EVERY_ENV, "1")
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise ValueError(f"{CHECK_EVERY_ENV} must be a whole number >= 1 (1: Ray's preemption "
+                         f"notice is asked at each of BackupAndRestore's checks). Received: "
+                         f"{CHECK_EVERY_ENV}={raw!r}")
+    return every
 
 
 def world() -> tuple[int, int] | None:
@@ -50,11 +67,12 @@ def watch_preemption() -> Callable[[], None] | None:
         return None
     from keras_mgpu_plugins import _stop_signals
 
+    every = check_every()
     checks = [0]
 
     def notice() -> str | None:
         checks[0] += 1
-        if checks[0] % PREEMPTION_CHECK_EVERY:
+        if checks[0] % every:
             return None
         info = ask()
         if info is None:

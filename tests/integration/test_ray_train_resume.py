@@ -158,11 +158,6 @@ def test_tensorflow_trainer_a_killed_worker_restarts_the_group_which_resumes_mid
 
 
 @tensorflow_lane
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 43): on TensorflowTrainer under load kmp acted on Ray's preemption notice "
-    "only at fit's end (21 s after the drain; torch: 2-5 steps after it), so nothing was left "
-    "to resume; the notice is asked every KMP_RAY_PREEMPTION_CHECK_EVERY batch starts and "
-    "becomes a stop at the workers' next check"))
 def test_tensorflow_trainer_a_preempted_node_stops_at_a_saved_step_and_resumes_bit_exact(
         tensorflow_plain, tmp_path):
     _preempted_and_resumed("tensorflow", tensorflow_plain, tmp_path)

@@ -51,3 +51,18 @@ def test_a_watched_notice_is_a_stop_request_until_undone():
     finally:
         undo()
     assert _stop_signals.requested() is None
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 1), ("1", 1), ("4", 4)])
+def test_ray_is_asked_at_each_check_unless_told_otherwise(raw, expected):
+    environ = {} if raw is None else {ray_train.CHECK_EVERY_ENV: raw}
+    assert ray_train.check_every(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "often", "1.5"])
+def test_a_check_every_that_is_no_whole_number_is_refused_naming_it(raw):
+    with pytest.raises(ValueError, match=(
+            rf"KMP_RAY_PREEMPTION_CHECK_EVERY must be a whole number >= 1 \(1: Ray's preemption "
+            rf"notice is asked at each of BackupAndRestore's checks\). Received: "
+            rf"KMP_RAY_PREEMPTION_CHECK_EVERY='{raw}'")):
+        ray_train.check_every({ray_train.CHECK_EVERY_ENV: raw})

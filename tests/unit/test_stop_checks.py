@@ -122,6 +122,34 @@ def test_two_workers_with_different_clocks_check_at_the_same_steps_and_stop_at_o
     assert {every for _, every, _ in seen[0][3:]} != {1}
 
 
+class _Quick(_Pair):
+    """One worker of a job whose check's all-gather is instant (the other worker mirrored)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, {})
+
+    def _gather(self, wire: np.ndarray) -> np.ndarray:
+        return np.stack([wire, wire])
+
+
+def test_a_watched_sources_question_counts_in_the_checks_cost():
+    """A source asked at each check (Ray's preemption notice: a barrier over the group) that
+    takes 20 ms: the checks are spaced so that the question too stays within 0.5% of the steps
+    between two (1 ms steps: about 4,000), not only the all-gather's microseconds."""
+    undo = _stop_signals.watch(lambda: time.sleep(0.02))
+    try:
+        checks = _stopping.Checks(_Quick(), interval_s=60.0)
+        for _ in range(3):
+            checks.batch_begins()
+            time.sleep(0.001)
+            checks.trained += 1
+            checks.agreed()
+    finally:
+        undo()
+    assert checks._cost >= 0.02
+    assert checks.every >= 0.02 / (_stopping.COST_SHARE * 0.01)  # even were a step 10 ms
+
+
 # --- a real fit on this lane's backend ---------------------------------------------------------
 
 ROWS, BATCH = 1600, 8  # 200 steps an epoch
@@ -162,12 +190,17 @@ def _data():
 
 
 class _SignalAt(keras.callbacks.Callback):
-    """SIGTERM to this process at the end of batch `at` of epoch 0; then each batch sleeps
-    `slow` s; records the batches trained."""
+    """SIGTERM to this process at the end of batch `at` of epoch 0 (or at the end of epoch
+    `at_epoch_end`); then each batch sleeps `slow` s; records the batches trained."""
 
-    def __init__(self, at=None, slow=0.0):
+    def __init__(self, at=None, slow=0.0, at_epoch_end=None):
         super().__init__()
         self.at, self.slow, self.trained, self.sent = at, slow, [], None
+        self.at_epoch_end = at_epoch_end
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at_epoch_end:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_end(self, batch, logs=None):
         self.trained.append(batch)
@@ -222,15 +255,16 @@ def _stopping_record(folder):
 
 def test_a_signal_in_the_last_steps_stops_at_the_end_of_fit_with_the_backup_kept(tmp_path,
                                                                                 two_workers):
-    """No check is due after the signal: the one at the end of `fit` finds it; the training is
-    done, its backup kept, so the same command again goes on after `fit`."""
+    """A signal after the last epoch's check (sent by a callback after BackupAndRestore, at the
+    epoch's end): the check at the end of `fit` finds it; the training is done, its backup
+    kept, so the same command again goes on after `fit`."""
     x, y = _data()
     folder = str(tmp_path / "b")
     with pytest.raises(TrainingStopped, match=r"at the end of fit \(after epoch 1\); "
                                               "BackupAndRestore kept its backup"):
         _build().fit(x[:80], y[:80], batch_size=BATCH, epochs=1, verbose=0,
                      callbacks=[BackupAndRestore(folder, stop_check_interval=60),
-                                _SignalAt(at=9)])
+                                _SignalAt(at_epoch_end=0)])
     assert _stopping_record(folder) == (1, 0)
     again = _build()
     history = again.fit(x[:80], y[:80], batch_size=BATCH, epochs=1, verbose=0,
