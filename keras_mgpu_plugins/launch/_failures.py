@@ -52,11 +52,18 @@ def _raise_first_failure(workers: list[_Worker], expects_result: bool) -> None:
     )
 
 
+def _ended_by_launcher(w: _Worker) -> bool:
+    """Whether the launcher's stop ended worker `w` (its signal's default action, or the
+    SIGKILL after the grace), not an exit of its own after it (Python's 1 for an exception)."""
+    code = w.proc.returncode
+    return w.stopped_by_launcher and (code is None or code < 0 or code >= 128)
+
+
 def _exit_code(w: _Worker, raised: str | None) -> int | None:
     """The exit code worker `w`'s failure stands for: its own, or 1 (Python's, for an
     exception) where it raised and the launcher stopped it before it could exit (a JAX or
     TensorFlow runtime holding the process: its SIGTERM is the launcher's, no preemption)."""
-    if raised is not None and raised != "SystemExit" and w.stopped_by_launcher:
+    if raised is not None and raised != "SystemExit" and _ended_by_launcher(w):
         return 1
     return w.proc.returncode
 
@@ -68,7 +75,7 @@ def _how(w: _Worker, raised: str | None, text: str | None, expects_result: bool)
         verdict = f": {text.splitlines()[0]}" if text else " (its output has the verdict)"
         return f"was stopped by StallWatchdog (exit code {code}){verdict}"
     if raised is not None and raised != "SystemExit":
-        if w.stopped_by_launcher:  # it reported the error, then did not end by itself
+        if _ended_by_launcher(w):  # it reported the error, then did not end by itself
             return f"raised {raised} (then stopped by the launcher)"
         return f"raised {raised} (exit code {code})"
     if code is not None and code < 0:
