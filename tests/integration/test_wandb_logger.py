@@ -6,6 +6,7 @@ import base64
 import hashlib
 import os
 import shutil
+import time
 
 import keras
 import numpy as np
@@ -79,10 +80,18 @@ class Publisher(keras.callbacks.Callback):
         })
 
 
-def only_run(wandb_dir):
+def only_run(wandb_dir, timeout=60.0):
+    """The one run under `wandb_dir`, read once its file holds the exit record: wandb's
+    service writes the file behind the run (on a loaded machine its records were seen
+    arriving after `finish` returned)."""
     runs = find_runs(wandb_dir)
     assert len(runs) == 1, runs
-    return read_run(runs[0])
+    deadline = time.monotonic() + timeout
+    run = read_run(runs[0])
+    while not run.finished and time.monotonic() < deadline:
+        time.sleep(0.2)
+        run = read_run(runs[0])
+    return run
 
 
 def b64_md5(path):

@@ -13,12 +13,16 @@ the rows of each batch reversed):
 
     python -m tests.programs.harness --table          # (or --noise: the same report)
     python -m tests.programs.harness --table --programs mnist_convnet
+    KERAS_BACKEND=torch python -m tests.programs.harness --table --programs mnist_convnet \
+        vision_transformer text_transformer           # torch: 2 processes (--processes)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import tempfile
 
 import numpy as np
@@ -46,7 +50,7 @@ def train(name: str, optimizer: str, parallel: bool | str) -> dict:
                  else kmp.parallelize(build))
     model = build(optimizer)
     inputs = module.data()
-    with tempfile.TemporaryDirectory() as directory:
+    with _files_folder(f"{name}-{optimizer}") as directory:
         callbacks = module.callbacks(directory, parallel) if hasattr(module, "callbacks") else []
         history = model.fit(*inputs["fit"], shuffle=False, verbose=0, callbacks=callbacks,
                             **inputs["fit_kwargs"])
@@ -56,6 +60,21 @@ def train(name: str, optimizer: str, parallel: bool | str) -> dict:
     evaluation = model.evaluate(verbose=0, return_dict=True, **inputs["evaluate"])
     return {"weights": weights, "history": history.history,
             "evaluate": {k: float(v) for k, v in evaluation.items()}}
+
+
+@contextlib.contextmanager
+def _files_folder(case: str):
+    """Where a program writes its checkpoints: one folder for every process of a job (its
+    chief writes, every process loads, as a user's script with a fixed path does), else a
+    temporary one."""
+    job_dir = os.environ.get("KMP_JOB_DIR")  # one per job: per kmp.verify run
+    if not job_dir:
+        with tempfile.TemporaryDirectory() as directory:
+            yield directory
+        return
+    directory = os.path.join(job_dir, "program-files", case)
+    os.makedirs(directory, exist_ok=True)
+    yield directory
 
 
 def every_case(cases: list[tuple[str, str]]) -> None:
@@ -99,9 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table", action="store_true", help="kmp.verify's report, 2 devices")
     parser.add_argument("--noise", action="store_true", help="the same report")
     parser.add_argument("--programs", nargs="*", default=None)
+    parser.add_argument("--processes", action="store_true",
+                        help="2 processes rather than 2 devices (the torch lane: always)")
     args = parser.parse_args(argv)
     cases = all_cases(args.programs)
-    report = verified(cases)
+    import keras
+
+    report = verified(cases, processes=args.processes or keras.backend.backend() == "torch")
     print("fits:", ", ".join(f"{i + 1} {n}/{o}" for i, (n, o) in enumerate(cases)))
     print(report)
 
