@@ -32,7 +32,13 @@ def test_newest_runs_every_test_and_fast_runs_readmes_command_2():
     """README's command 2 runs the fast tier (no path: tests/conftest.py selects it); CI's `fast`
     run is that command as written, in `all`; the newest environment runs every other test
     (`tests` given, the fast tier deselected), as README's table says."""
-    assert 'pytest_status python -m pytest -q tests -m "not fast"\n' in ci_function("newest")
+    newest = ci_function("newest")
+    half = ci_array("NEWEST_HALF")
+    assert ('pytest_status python -m pytest -q -p no:cacheprovider "${NEWEST_HALF[@]}" -m '
+            '"not fast"') in newest
+    assert ('pytest_status python -m pytest -q -p no:cacheprovider tests -m "not fast" \\\n'
+            '        "${NEWEST_HALF[@]/#/--ignore=}"') in newest
+    assert half and all((ROOT / path).is_dir() and path.startswith("tests/") for path in half)
     assert '(`python -m pytest -q tests -m "not fast"`' in README
     command = README.split("```bash", 1)[1].split("```", 1)[0]
     command = command.split("# 2.", 1)[1].replace("\\\n", " ")
@@ -47,6 +53,10 @@ def test_newest_runs_every_test_and_fast_runs_readmes_command_2():
         assert f"{backend}pytest_status python -m pytest{pytest_command}\n" in fast, test
     assert len(install_and_test[2:]) == 3
     assert "stream torch fast" in CI.split("\n  all)", 1)[1].split(";;", 1)[0]
+    # the JAX and torch runs leave their fast tier to it
+    for subset in ("JAX_SUBSET", "TORCH_SUBSET"):
+        assert (f'pytest_status python -m pytest -q -p no:cacheprovider "${{{subset}[@]}}" '
+                '-m "not fast"\n') in CI, subset
 
 
 def test_oldest_pair_and_subset_are_the_readmes():
