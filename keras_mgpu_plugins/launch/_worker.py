@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):  # lines reach the launcher as they are printed
             stream.reconfigure(line_buffering=True)
     _restore_env("PYTHONPATH", spec["pythonpath"])
+    if spec.get("cwd"):  # kmp-verify: each run works in a folder of its own
+        os.chdir(spec["cwd"])
     errors = outcome_path(spec_path, index, "error")
     try:
         if spec["mode"] == "function":

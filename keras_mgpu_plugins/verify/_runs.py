@@ -6,8 +6,11 @@ bootstrap of `kmp-launch`, fail-fast, logs in files) whose processes see `KMP_VE
 same, each training batch's rows reversed; left out when a tolerance is given) and the
 parallel run (N simulated devices in one process, or N processes with `processes=True`;
 always N processes on torch, which trains one device per process). Their outputs go to
-their log files only (`log_dir/<run>/worker-<i>.log`). `start` returns what each process
-recorded, or the run's failure.
+their log files only (`log_dir/<run>/worker-<i>.log`). Each run works in a folder of its own,
+`log_dir/<run>/files`, whose entries are links to those of the folder kmp-verify was started
+in (`working_folder`): the script reads its files as before, and what a run writes under a
+new name there (a checkpoint, a backup, a CSV log) is that run's, never another's, though the
+runs are side by side. `start` returns what each process recorded, or the run's failure.
 """
 
 from __future__ import annotations
@@ -35,14 +38,32 @@ class Target:
     module: bool = False
     payload: bytes | None = None
 
-    def spec(self, stall_timeout: float | None) -> dict[str, Any]:
+    def spec(self, stall_timeout: float | None, cwd: str | None = None) -> dict[str, Any]:
+        """The launcher's spec; with `cwd`, the run's processes work there (paths of this
+        process's working folder made absolute first)."""
         import sys
 
-        common = {"num_ps": 0, "create_strategy": True, "stall_timeout": stall_timeout}
+        common = {"num_ps": 0, "create_strategy": True, "stall_timeout": stall_timeout,
+                  "cwd": cwd}
         if self.payload is not None:
-            return {"mode": "function", "sys_path": list(sys.path), **common}
-        return {"mode": "module" if self.module else "script", "target": self.script,
+            return {"mode": "function", "sys_path": [os.path.abspath(p) for p in sys.path],
+                    **common}
+        target = self.script if self.module else os.path.abspath(self.script)
+        return {"mode": "module" if self.module else "script", "target": target,
                 "argv": list(self.argv), **common}
+
+
+def working_folder(path: str, start: str | None = None) -> str:
+    """Makes `path` a run's working folder: a link to each entry of `start` (default: this
+    process's working folder), but the one that holds `path`. Returns `path`."""
+    start = os.path.abspath(start or os.getcwd())
+    os.makedirs(path, exist_ok=True)
+    inside = os.path.relpath(os.path.abspath(path), start).split(os.sep)[0]
+    for name in os.listdir(start):
+        if name == inside:  # the logs' own folder, where kmp-verify was told to write them
+            continue
+        os.symlink(os.path.join(start, name), os.path.join(path, name))
+    return path
 
 
 @dataclasses.dataclass
@@ -109,8 +130,9 @@ def _one(target: Target, result: RunResult, timeout: float | None,
 
     config = result.config
     os.makedirs(config.folder, exist_ok=True)
+    cwd = working_folder(os.path.join(result.log_dir, "files"))
     try:
-        _run(target.spec(stall_timeout), config.workers, timeout, environment(config),
+        _run(target.spec(stall_timeout, cwd), config.workers, timeout, environment(config),
              target.payload, output="none", log_dir=result.log_dir)
     except LaunchError as err:
         result.failure = str(err)
