@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in results[bench.key]:
             print(results[bench.key]["log"], file=sys.stderr)
         elif args.save:
+            os.makedirs(RESULTS, exist_ok=True)
             shutil.copy(os.path.join(out, f"{bench.key}.json"), RESULTS)
     total = time.perf_counter() - started
     print(f"\n{'--quick (values not meaningful), ' if args.quick else ''}{len(chosen)} "
