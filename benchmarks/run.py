@@ -45,7 +45,8 @@ LANE_VENVS = {"tensorflow": ".ci-venv", "jax": ".ci-venv-jax", "torch": ".ci-ven
 class Benchmark:
     """One run of a script: its key (the JSON's name), the script, the Keras backend it runs
     under, the modules it needs, its extra arguments, the ratios it must report, whether the
-    quick suite (CI) runs it, and how long it may take (full mode; --quick: a tenth)."""
+    quick suite (CI) runs it, how long it may take (full mode; --quick: a tenth), and whether
+    it alternates sides in rounds (takes `--rounds`)."""
 
     key: str
     script: str
@@ -55,11 +56,22 @@ class Benchmark:
     expects: tuple[str, ...] = ()
     quick: bool = True
     timeout: int = 3600
+    rounds: bool = True
 
 
 def _b(key: str, script: str, backend: str, expects: tuple[str, ...] = (), args: tuple = (),
-       needs: tuple[str, ...] | None = None, quick: bool = True, timeout: int = 3600) -> Benchmark:
-    return Benchmark(key, script, backend, needs or (backend,), tuple(args), expects, quick, timeout)
+       needs: tuple[str, ...] | None = None, quick: bool = True, timeout: int = 3600,
+       rounds: bool | None = None) -> Benchmark:
+    takes = script not in NO_ROUNDS if rounds is None else rounds
+    return Benchmark(key, script, backend, needs or (backend,), tuple(args), expects, quick,
+                     timeout, takes)
+
+
+#: The scripts that repeat without alternating sides in rounds: no `--rounds`.
+NO_ROUNDS = ("checkpoint_async.py", "device_metrics_mfu_overhead.py",
+             "device_metrics_overhead.py", "parameter_server.py",
+             "stall_watchdog_overhead.py", "weight_sync_fingerprint.py", "first_step.py",
+             "model_parallel_memory.py", "model_parallel_memory_jax.py", "preemption.py")
 
 
 BENCHMARKS = (
@@ -75,7 +87,7 @@ BENCHMARKS = (
     _b("jax_vs_tf", "jax_vs_keras.py", "tensorflow", ("backends_spe16", "backends_spe1"),
        ("--only", "backends"), needs=("jax", "tensorflow")),
     _b("torch_vs_ddp", "torch_vs_ddp.py", "torch", ("loop",)),
-    _b("launch_vs_torchrun", "launch_vs_torchrun.py", "torch", ("torchrun",)),
+    _b("launch_vs_torchrun", "launch_vs_torchrun.py", "torch", ("torchrun_wall_s", "torchrun_fit_s")),
     _b("workers", "workers_throughput.py", "tensorflow", ("workers_spe16", "workers_spe1")),
     _b("fingerprint", "weight_sync_fingerprint.py", "tensorflow", ("throughput", "overhead")),
     _b("checkpoint", "checkpoint_async.py", "tensorflow", ("async",)),
@@ -123,7 +135,7 @@ def run_one(bench: Benchmark, python: str, out: str, quick: bool, rounds: int | 
     path, log = os.path.join(out, f"{bench.key}.json"), os.path.join(out, f"{bench.key}.log")
     command = [python, os.path.join(HERE, bench.script), *bench.args, "--json", path]
     command += ["--quick"] if quick else []
-    command += ["--rounds", str(rounds)] if rounds and not quick and bench.key != "first_step" else []
+    command += ["--rounds", str(rounds)] if rounds and not quick and bench.rounds else []
     env = dict(os.environ, KERAS_BACKEND=bench.backend, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     timeout = bench.timeout // 10 if quick else bench.timeout

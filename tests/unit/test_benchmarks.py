@@ -53,6 +53,19 @@ def test_each_script_takes_quick_and_json(script):
     if script == "preemption.py":  # joins the quick suite once it takes them (run.py says so)
         pytest.skip("preemption.py: --quick and --json to come with the stop-signal work")
     assert "--quick" in done.stdout and "--json" in done.stdout
+    takes_rounds = {b.script: b.rounds for b in _run_module().BENCHMARKS}[script]
+    assert ("--rounds" in done.stdout) == takes_rounds, (
+        f"run.py {'passes' if takes_rounds else 'does not pass'} --rounds to {script}")
+
+
+def _run_module():
+    sys.path.insert(0, str(FOLDER))
+    try:
+        import run
+
+        return run
+    finally:
+        sys.path.remove(str(FOLDER))
 
 
 def test_a_ratio_meets_its_goal_either_way(bench):
