@@ -29,8 +29,11 @@ TRAINING_REPLICAS = {"Chief", "Master", "Worker"}
 
 
 def docs_manifests() -> list[tuple[str, str]]:
+    """Every Kubernetes manifest shown in docs/: a YAML block with an `apiVersion` (not, e.g.,
+    docs/verify.md's GitHub Actions job)."""
     return [(str(p.relative_to(ROOT)), block) for p in sorted((ROOT / "docs").rglob("*.md"))
-            for block in re.findall(r"^```yaml\n(.*?)^```", p.read_text(), re.S | re.M)]
+            for block in re.findall(r"^```yaml\n(.*?)^```", p.read_text(), re.S | re.M)
+            if re.search(r"^apiVersion:", block, re.M)]
 
 
 def load(path: Path) -> dict:
