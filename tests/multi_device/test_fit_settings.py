@@ -545,8 +545,25 @@ def test_an_uneven_or_tiny_global_batch_trains_as_one_device(shape, setting):
     """Before uneven_batches_weighted_by_rows, 2 devices trained on the mean of the replicas'
     means: 2.8e-3 (31 on 2) to 3.1e-2 (1 row on 2) off one device on the weights."""
     one = s.uneven_batches_run("default", shape, setting)
+    if (shape, setting) == ("partial_last", "jit_compile") and _tf_before("2.17"):
+        # TensorFlow 2.16 (the oldest pair): XLA's predict step on 2 replicas fails loudly on
+        # the partial last batch ("Trying to access resource ... located in device CPU:1 from
+        # device CPU:0", tensorflow.org/xla/known_issues); 2.21 trains and predicts as one
+        # device (not checked in between)
+        import tensorflow as tf
+
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Trying to access resource"):
+            s.uneven_batches_run("mirrored", shape, setting)
+        return
     two = s.uneven_batches_run("mirrored", shape, setting)
     assert_uneven_run(two, one, UNEVEN_TOLERANCE.get(setting, 1e-5), f"{shape}, {setting}")
+
+
+def _tf_before(version: str) -> bool:
+    import tensorflow as tf
+    from packaging.version import Version
+
+    return Version(tf.__version__) < Version(version)
 
 
 @pytest.fixture
