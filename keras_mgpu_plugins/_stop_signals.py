@@ -205,15 +205,15 @@ def _mark_saving(saving: bool) -> None:
 
 def requested() -> Request | None:
     """The stop signal received during the armed `fit`, if any (or a notice a `watch`ed source
-    gave: it counts as SIGTERM)."""
-    if _state["request"] is None:
-        for source in list(_state.get("sources", ())):
-            notice = source()
-            if notice:
-                say(f"{who()}: {notice}: training stops at the next step every worker agrees "
-                    "on, once BackupAndRestore has saved that step.")
-                _state["request"] = Request(int(signal.SIGTERM), notice, time.time())
-                break
+    gave: it counts as SIGTERM). Every source is asked at every call, whatever this worker
+    already holds: a source may be a collective (Ray's notice is a barrier over the group),
+    which every worker must call as often as the others."""
+    for source in list(_state.get("sources", ())):
+        notice = source()
+        if notice and _state["request"] is None:
+            say(f"{who()}: {notice}: training stops at the next step every worker agrees "
+                "on, once BackupAndRestore has saved that step.")
+            _state["request"] = Request(int(signal.SIGTERM), notice, time.time())
     return _state["request"]
 
 

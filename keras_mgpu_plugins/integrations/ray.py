@@ -6,9 +6,10 @@ preempted (a spot node reclaimed, a drained node) from `ray.train.get_preemption
 `BackupAndRestore` asks it at each of its checks (every worker at the same step: Ray's call is
 a barrier over the group and answers rank 0's view, so every worker gets the same answer; the
 question's time counts in the check's cost, which spaces the checks so that they take at most
-0.5% of training, at most `stop_check_interval` apart), and a notice is taken as a SIGTERM is elsewhere: every worker stops at
-one agreed step, the backup holds it, `fit` raises `TrainingStopped` (exit code 75), and Ray
-starts the group again (`FailureConfig`), which resumes from the backup.
+0.5% of training, at most `stop_check_interval` apart), and a notice is taken as a SIGTERM is
+elsewhere: every worker stops at one agreed step, the backup holds it, `fit` raises
+`TrainingStopped` (exit code 75), and Ray starts the group again (`FailureConfig`), which
+resumes from the backup.
 
 `world()` says whether this process is a Ray Train worker of several, for the checks of
 `kmp.parallelize` (a Ray trainer whose workers kmp would not see as one job).

@@ -130,8 +130,8 @@ def _one(target: Target, result: RunResult, timeout: float | None,
 
     config = result.config
     os.makedirs(config.folder, exist_ok=True)
-    cwd = working_folder(os.path.join(result.log_dir, "files"))
     try:
+        cwd = working_folder(os.path.join(result.log_dir, "files"))
         _run(target.spec(stall_timeout, cwd), config.workers, timeout, environment(config),
              target.payload, output="none", log_dir=result.log_dir)
     except LaunchError as err:

@@ -66,3 +66,21 @@ def test_a_check_every_that_is_no_whole_number_is_refused_naming_it(raw):
             rf"notice is asked at each of BackupAndRestore's checks\). Received: "
             rf"KMP_RAY_PREEMPTION_CHECK_EVERY='{raw}'")):
         ray_train.check_every({ray_train.CHECK_EVERY_ENV: raw})
+
+
+def test_a_watched_source_is_asked_at_every_check_even_once_a_request_is_held():
+    """A source may be a collective (Ray's notice is a barrier over the group): every worker
+    asks it as often as the others, whatever it already holds; the first notice stands."""
+    asked = []
+
+    def source():
+        asked.append(len(asked))
+        return f"notice {len(asked)}"
+
+    undo = _stop_signals.watch(source)
+    try:
+        for _ in range(3):
+            request = _stop_signals.requested()
+        assert asked == [0, 1, 2] and request.name == "notice 1"
+    finally:
+        undo()
