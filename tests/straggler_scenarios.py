@@ -144,8 +144,9 @@ def check(reports: list[dict]) -> None:
         phase = report["scenario"]
         assert found == [(1, codes[phase])] * EPOCHS, describe(report)
         excess = report["keys"]["straggler/excess_ms"]
-        # TensorFlow reads ahead on tf.data's thread: the first epoch's median may hold half
-        assert all(0.3 * 1000 * DELAY < e < 2.0 * 1000 * DELAY for e in excess), describe(report)
+        # TensorFlow reads ahead on tf.data's thread: the first epoch's median may hold half.
+        # Above: a loaded machine's sleep(0.03) took 60 ms in CI (its excess then 59 ms).
+        assert all(0.3 * 1000 * DELAY < e < 4.0 * 1000 * DELAY for e in excess), describe(report)
         assert len(report["said"]) == EPOCHS and all(
             f"held back by worker 1 ({phase}:" in m for m in report["said"]), describe(report)
         assert report["summary"][-1].startswith(f"Stragglers: held back by worker 1 ({phase}:")

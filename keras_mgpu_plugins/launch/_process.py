@@ -74,6 +74,11 @@ def tell_where_output_goes(spec: dict, num_workers: int, output: str, log_dir: s
           file=sys.stderr, flush=True)
 
 
+# How long the kernel may take to tear down a killed worker (its memory, then its sockets)
+# before it can be seen to have exited.
+_TEARDOWN_S = 2.0
+
+
 class _Worker:
     """One worker process: its pipes' relays, outcome files and process group."""
 
@@ -149,9 +154,12 @@ class _Worker:
             return "StallError", None, self.exited_at, verdict
         # Killed by a signal (no report): it died after it was last seen alive, before the
         # errors its peers raised on losing it (a collective's closed connection), so it
-        # counts from then, and comes first.
+        # counts from then, and comes first. The kernel closes a killed process's sockets
+        # while it tears the process down, before the launcher can see it exit: a peer's
+        # error can come before the last sight of it alive, by that teardown at most.
         signalled = self.proc.returncode is not None and self.proc.returncode < 0
-        died = self.alive_at if signalled and self.alive_at is not None else self.exited_at
+        died = (self.alive_at - _TEARDOWN_S if signalled and self.alive_at is not None
+                else self.exited_at)
         return record if record is not None else (None, None, died, None)
 
     def result(self) -> Any:

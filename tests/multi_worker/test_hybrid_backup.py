@@ -29,7 +29,7 @@ def test_killed_worker_then_relaunch_resumes_to_the_same_weights(tmp_path, singl
     with pytest.raises(WorkerFailedError) as failure:
         kmp.launch(job, num_workers=2, args=(str(tmp_path),), kwargs={"kill": True},
                    create_strategy=False, timeout=200)
-    assert (failure.value.worker_index, failure.value.signal) == (1, "SIGKILL")
+    assert (failure.value.worker_index, failure.value.signal) == (1, "SIGKILL"), failure.value
     with open(tmp_path / "backup" / "training_metadata.json") as f:
         assert json.load(f)["epoch"] == KILL_EPOCH
     wandb_dir = tmp_path / "wandb"

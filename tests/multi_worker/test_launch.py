@@ -412,7 +412,9 @@ def make_point(x):  # defined in __main__: sent by value
 def sleep_and_record(pid_dir):
     import os, pathlib
     index = os.environ["KMP_WORKER_INDEX"]
-    (pathlib.Path(pid_dir) / f"worker-{index}").write_text(str(os.getpid()))
+    tmp = pathlib.Path(pid_dir) / f".worker-{index}.tmp"  # whole, as the test reads it
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, pathlib.Path(pid_dir) / f"worker-{index}")
     time.sleep(60)
 
 if sys.argv[1] == "main":

@@ -252,7 +252,10 @@ def _peak_growth_meter():
     me = psutil.Process()
     tasks = {me.pid: "chief"}
     for p in me.parent().children():
-        task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task")
+        try:  # the test runner's other children may have ended (zombies): not tasks
+            task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task")
+        except psutil.Error:
+            continue
         if p.pid != me.pid and task:
             tasks[p.pid] = f"{task['type']} {task['index']}"
 
