@@ -144,6 +144,9 @@ NAMES: tuple[PrivateName, ...] = (
                 has=("context", "Context")),
     PrivateName("distributed iterator", "tensorflow", (
         ("2.16.0", "tensorflow.python.distribute.input_lib.DistributedIterator"),)),
+    PrivateName("collective strategy", "tensorflow", (
+        ("2.16.0", "tensorflow.python.distribute.collective_all_reduce_strategy."
+                   "CollectiveAllReduceStrategy"),), has=("__init__",)),
     PrivateName("numpy_function registry", "tensorflow", (
         ("2.16.0", "tensorflow.python.ops.script_ops.FuncRegistry"),), has=("_convert",)),
     PrivateName("sharded variable", "tensorflow", (

@@ -181,6 +181,23 @@ WORKAROUNDS: tuple[Patch, ...] = (
         wraps=("tensorflow epoch iterator._get_iterator",),
         after=("release_iterators_off_thread",),
     ),
+    # No upstream issue found: TensorFlow makes a new collective strategy at each
+    # construction, its collective keys starting where the process's first one's did; a
+    # script's own MultiWorkerMirroredStrategy() after the one kmp-launch made hung in its first
+    # all-reduce in 1 run of 4 to 6 (2 workers, TensorFlow 2.21). Applied while the class
+    # still constructs anew; the test: tests/multi_worker/test_launch_cli.py's tutorial script.
+    Patch(
+        name="one_multi_worker_strategy",
+        upstream="https://github.com/tensorflow/tensorflow/blob/v2.21.0/tensorflow/python/distribute/collective_all_reduce_strategy.py",
+        min_version="2.16.0",
+        max_version=_TF_MAX,
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.one_strategy", "patch_one_multi_worker_strategy"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.one_strategy", "constructs_anew"),
+        library="tensorflow",
+        changes_results=False,
+        symptom="a script that makes its own tf.distribute.MultiWorkerMirroredStrategy() under kmp-launch hangs in its first all-reduce now and then",
+        wraps=("collective strategy.__init__", "collective strategy.__new__"),
+    ),
     # No upstream issue found: Keras's `compile` makes the loss tracker in the current scope;
     # outside the model's MultiWorkerMirroredStrategy each worker logs its own loss. Keras
     # 3.10 and 3.15.

@@ -638,7 +638,8 @@ def pretend(monkeypatch, version, present, library="keras"):
     monkeypatch.setattr(_compat_patches, "PATCHES", patches)  # where patch_keras reads it
 
 
-TENSORFLOW_PATCHES = ["full_batch_executions_skip_input_check", "numpy_function_owned_outputs"]
+TENSORFLOW_PATCHES = ["full_batch_executions_skip_input_check", "one_multi_worker_strategy",
+                      "numpy_function_owned_outputs"]
 
 
 def results_changing(library="keras"):

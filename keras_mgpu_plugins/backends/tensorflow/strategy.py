@@ -15,6 +15,7 @@ from keras_mgpu_plugins import _same_callbacks, _worker_output
 from keras_mgpu_plugins.backends.tensorflow import collective, same_calls
 from keras_mgpu_plugins.backends.tensorflow import local_devices as _local_devices
 from keras_mgpu_plugins.backends.tensorflow import rank as _rank
+from keras_mgpu_plugins.backends.tensorflow.patches import one_strategy
 from keras_mgpu_plugins.backends.tensorflow.ports import check_own_port_free as _check_own_port_free
 from keras_mgpu_plugins.cluster.topology import PS_REFUSAL, Topology, topology
 from keras_mgpu_plugins.errors import StrategyError  # noqa: F401 - kmp.strategy.StrategyError
@@ -266,6 +267,8 @@ def _create_multi_worker(tf: Any, one_replica: bool = False) -> Any:
                 "before any TensorFlow work."
             ) from err
         raise
+    if not one_replica:  # the process's one: a script's own MultiWorkerMirroredStrategy()
+        one_strategy.share(strategy)  # gets it (patches/one_strategy.py)
     compat.patch_keras()
     _worker_output.install()  # progress bars on the chief only (before: wrapped by the next)
     _same_callbacks.install()  # every worker's fit checks its kmp callbacks against the others'
