@@ -144,6 +144,8 @@ NAMES: tuple[PrivateName, ...] = (
                 has=("context", "Context")),
     PrivateName("distributed iterator", "tensorflow", (
         ("2.16.0", "tensorflow.python.distribute.input_lib.DistributedIterator"),)),
+    PrivateName("per replica spec", "tensorflow", (
+        ("2.16.0", "tensorflow.python.distribute.values.PerReplicaSpec"),)),
     PrivateName("numpy_function registry", "tensorflow", (
         ("2.16.0", "tensorflow.python.ops.script_ops.FuncRegistry"),), has=("_convert",)),
     PrivateName("sharded variable", "tensorflow", (
