@@ -21,7 +21,8 @@ and reach the registry as records:
   "symptom → patch" table of docs/troubleshooting.md from the records.
 - The TensorFlow backend's patches (`backends/tensorflow/patches/`): `trainer` (symbolic
   build, scalar log reduce, `steps_per_execution`; also `distributing`,
-  `refuse_unsupported_settings`), `loss_scale`, `compile_settings` (`jit_compile=True`,
+  `refuse_unsupported_settings`), `element_spec` (the symbolic build from the input's
+  element spec, no batch drawn), `loss_scale`, `compile_settings` (`jit_compile=True`,
   `gradient_accumulation_steps`, `compile` again outside the strategy's scope),
   `optimizer` (clipping after the all-reduce, the EMA overwrite, sparse gradients),
   `data` (forked `PyDataset` workers; TensorFlow writing into a generator's arrays),

@@ -147,6 +147,8 @@ NAMES: tuple[PrivateName, ...] = (
     PrivateName("collective strategy", "tensorflow", (
         ("2.16.0", "tensorflow.python.distribute.collective_all_reduce_strategy."
                    "CollectiveAllReduceStrategy"),), has=("__init__",)),
+    PrivateName("per replica spec", "tensorflow", (
+        ("2.16.0", "tensorflow.python.distribute.values.PerReplicaSpec"),)),
     PrivateName("numpy_function registry", "tensorflow", (
         ("2.16.0", "tensorflow.python.ops.script_ops.FuncRegistry"),), has=("_convert",)),
     PrivateName("sharded variable", "tensorflow", (

@@ -224,6 +224,14 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "the full_batch_executions_skip_input_check patch", "2.16.0", _TF_MAX,
                checks.check_input_lib, "Use a TensorFlow version in that range.",
                library="tensorflow"),
+    PrivateUse("distributed_element_spec", "tensorflow epoch iterator._distributed_dataset "
+               "(the distributed dataset fit and evaluate iterate: its element_spec) and "
+               "TensorFlow's per replica spec._value_specs (each replica's spec)",
+               "the symbolic_build_from_element_spec patch (the model built before the first "
+               "step without an iterator of the input)", "3.10.0", _MAX,
+               lambda: _lazy_check("keras_mgpu_plugins.backends.tensorflow.patches."
+                                   "element_spec", "check_element_spec"),
+               "Use a Keras version in that range.", backend="tensorflow"),
     PrivateUse("tf_coordination_store", "eager context: context().set_config_key_value, "
                "get_config_key_value(key, timeout_in_ms), coordination_service (the key-value "
                "store of TensorFlow's coordination service, which MultiWorkerMirroredStrategy "

@@ -5,7 +5,7 @@ TensorFlow bug, TensorFlow) versions it is known for (it is applied only
 there), the symptom it fixes, what it replaces and which patch it must wrap,
 and is tested by a real run that fails without it (`tests/multi_worker/test_fit.py`,
 `tests/multi_device/test_fit_settings.py`). The patches themselves live in
-`patches.trainer`, `patches.loss_scale`, `patches.compile_settings`, `patches.optimizer`,
+`patches.trainer`, `patches.element_spec`, `patches.loss_scale`, `patches.compile_settings`, `patches.optimizer`,
 `patches.data`, `patches.iterators`, `patches.input_check`, `patches.row_weights`,
 `patches.custom_step` and `patches.outside_scope`.
 """
@@ -41,7 +41,23 @@ WORKAROUNDS: tuple[Patch, ...] = (
         symptom="model.fit / evaluate / predict under MultiWorkerMirroredStrategy fail before the first step with an error naming PerReplica",
         wraps=("tensorflow trainer._maybe_symbolic_build",),
     ),
-    # Wraps the patch above. keras-team/keras#21800 (open): the distributed symbolic build calls
+    # Wraps the patch above. No upstream issue found (keras-team/keras searched for the
+    # symbolic build drawing a batch, or changing a reshuffling dataset's order): the upstream
+    # field names the code. Read in the sources of Keras 3.10.0 and 3.15.1 (the same draw,
+    # `next(it)`, and `_symbolic_build` reading only each leaf's shape and dtype); run-tested
+    # on Keras 3.15.1 + TensorFlow 2.21.
+    Patch(
+        name="symbolic_build_from_element_spec",
+        upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/backend/tensorflow/trainer.py",
+        min_version="3.10.0",
+        max_version=_KERAS_MAX,
+        apply=lazy("keras_mgpu_plugins.backends.tensorflow.patches.element_spec", "patch_build_from_element_spec"),
+        present=lazy("keras_mgpu_plugins.backends.tensorflow.patches.element_spec", "symbolic_build_draws_a_batch"),
+        symptom="a tf.data input shuffled with reshuffle_each_iteration=True (the default) trains on another order under a strategy than on one device: every epoch sees the order one device sees an epoch later (fit, evaluate)",
+        wraps=("tensorflow trainer._maybe_symbolic_build",),
+        after=("symbolic_build_per_replica_batch",),
+    ),
+    # Wraps the patches above. keras-team/keras#21800 (open): the distributed symbolic build calls
     # the model, which a custom test_step does not need; a Model subclass without call() (the
     # knowledge-distillation example) fails the same way. Checked on Keras 3.15.
     Patch(
@@ -54,7 +70,7 @@ WORKAROUNDS: tuple[Patch, ...] = (
         changes_results=False,
         symptom="fit under a strategy fails with 'Unable to automatically build the model' for a Model subclass without call() (a custom train_step/test_step, keras.io's Distiller)",
         wraps=("tensorflow trainer._maybe_symbolic_build",),
-        after=("symbolic_build_per_replica_batch",),
+        after=("symbolic_build_per_replica_batch", "symbolic_build_from_element_spec"),
     ),
     Patch(
         name="multi_worker_scalar_log_reduce",
@@ -259,7 +275,9 @@ WORKAROUNDS: tuple[Patch, ...] = (
     # No upstream issue found: Keras's epoch iterator makes an iterator after each epoch's
     # last batch that the next epoch replaces unread (no `steps_per_epoch`); a distributed one
     # costs 70-250 ms on 2 workers sharing 2 cores. The upstream field names that code. Keras
-    # 3.10 and 3.15. Outermost of the `_get_iterator` wrappers: nothing is made or kept.
+    # 3.10 and 3.15. Outermost of the `_get_iterator` wrappers: nothing is made or kept. Not for
+    # tf.data inputs: each iterator of a reshuffling dataset draws the next order, so skipping
+    # one would shift every later epoch's (tests/multi_device/test_reshuffled_input.py).
     Patch(
         name="defer_epoch_end_iterator",
         upstream="https://github.com/keras-team/keras/blob/v3.15.1/keras/src/trainers/epoch_iterator.py",

@@ -38,12 +38,12 @@ def iterators_per_fit(monkeypatch, fits=2, epochs=1, validation=False):
     return counts
 
 
-def test_fit_of_a_built_model_draws_no_batch_for_the_build(monkeypatch):
-    """The first fit draws a batch from an iterator of its own to build the model; later
-    fits build nothing, so they make no such iterator (under MultiWorkerMirroredStrategy
-    each costs tf.functions traced for its devices and a prefetch thread)."""
-    first, second = iterators_per_fit(monkeypatch)
-    assert second == first - 1
+def test_no_fit_draws_a_batch_for_the_build(monkeypatch):
+    """The first fit builds the model from its input's element spec
+    (`symbolic_build_from_element_spec`), later fits build nothing: neither makes an
+    iterator of its own (under MultiWorkerMirroredStrategy each costs tf.functions traced
+    for its devices and a prefetch thread): one each, the epoch's."""
+    assert iterators_per_fit(monkeypatch) == [1, 1]
 
 
 def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
@@ -53,7 +53,7 @@ def test_upstream_draws_a_batch_on_every_fit(monkeypatch):
     from keras_mgpu_plugins.compat._names import resolve
 
     assert "symbolic_build_per_replica_batch" in compat.patch_keras()
-    undo = _compat_patches._applied["symbolic_build_per_replica_batch"]
+    undo = _compat_patches._applied["symbolic_build_per_replica_batch"]  # and the ones around it
     trainer = resolve("tensorflow trainer")  # TensorFlowTrainer; Trainer in keras-nightly
     patched = trainer._maybe_symbolic_build
     undo()

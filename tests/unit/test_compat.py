@@ -650,7 +650,8 @@ def results_changing(library="keras"):
 def test_the_patches_that_change_results_are_classified():
     """Fail-closed patches: without them the numbers differ from one device (not a crash)."""
     assert set(results_changing("keras")) >= {
-        "loss_scale_global_finiteness", "clip_after_all_reduce", "compile_in_model_strategy_scope"}
+        "loss_scale_global_finiteness", "clip_after_all_reduce", "compile_in_model_strategy_scope",
+        "symbolic_build_from_element_spec"}
     assert results_changing("tensorflow") == ["numpy_function_owned_outputs"]
     assert not {"symbolic_build_per_replica_batch", "steps_per_execution_under_distribution",
                 "jit_compile_per_replica"} & set(results_changing("keras"))
@@ -1056,6 +1057,29 @@ def test_use_patch_internals():
     from keras.src import tree
 
     assert tree.flatten({"a": (1, 2)}) == [1, 2]
+
+
+def test_use_distributed_element_spec():
+    """The epoch iterator's distributed dataset states each replica's spec (a static batch
+    halved on 2 replicas): what the model is built from (tests/multi_device/
+    test_reshuffled_input.py trains with it)."""
+    import tensorflow as tf
+
+    from keras_mgpu_plugins.compat._names import resolve
+
+    def factory():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    x = np.zeros((16, 3), "float32")
+    strategy = kmp.parallelize(strategy="mirrored")(factory)().distribute_strategy
+    iterator = resolve("tensorflow epoch iterator")(
+        x=tf.data.Dataset.from_tensor_slices((x, x)).batch(8, drop_remainder=True),
+        distribute_strategy=strategy)
+    spec, _ = iterator._distributed_dataset.element_spec
+    assert isinstance(spec, resolve("per replica spec"))
+    assert [s.shape.as_list() for s in spec._value_specs] == [[4, 3], [4, 3]]
 
 
 def test_use_eager_context():

@@ -25,7 +25,8 @@ from keras_mgpu_plugins.compat import _registry as _compat_patches
 TRAINER = _names.BY_KEY["tensorflow trainer"]
 MODULE = "keras.src.backend.tensorflow.trainer"
 #: The workarounds that wrap a method of the TensorFlow trainer class.
-ON_THE_TRAINER = {"symbolic_build_per_replica_batch", "symbolic_build_without_call",
+ON_THE_TRAINER = {"symbolic_build_per_replica_batch", "symbolic_build_from_element_spec",
+                  "symbolic_build_without_call",
                   "steps_per_execution_under_distribution", "jit_compile_per_replica",
                   "uneven_batches_weighted_by_rows", "custom_step_logs_unscaled"}
 
