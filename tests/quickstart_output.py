@@ -17,6 +17,10 @@ USER = ("Training on ", "Last epoch: ", "validation accuracy ")
 #: Keras's progress bar with `verbose=2`: the epoch line and its one summary line.
 KERAS = (re.compile(r"^Epoch \d+/\d+$"), re.compile(r"^\d+/\d+ - \d+m?s - "))
 MAX_OTHER_LINES = 3
+#: DeviceMetricsLogger's straggler warning (`samplers/stragglers.py`).
+STRAGGLER = re.compile(r"^DeviceMetricsLogger: epoch \d+ held back by worker \d+ \((input|host): "
+                       r"[\d.]+ ms a step against [\d.]+ ms on the others, \+[\d.]+ ms = \d+% "
+                       r"of a [\d.]+ ms step\)\.$")
 
 
 def launch_quickstart(tmp_path: pathlib.Path, env: dict[str, str], *options: str,
@@ -44,6 +48,14 @@ def check_quiet(tmp_path: pathlib.Path, env: dict[str, str], in_log: str) -> lis
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "validation accuracy " in done.stdout and "Last epoch: " in done.stdout
     others = other_lines(done)
+    # The straggler report is a measurement, not chatter: on a loaded machine one worker's
+    # host code can fall behind by more than the margin (seen in a test run beside two
+    # others: "epoch 1 held back by worker 1 (host: 23.3 ms a step against 18.3 ms on the
+    # others, +5.0 ms = 22% of a 22.6 ms step)"). Such lines are not counted; each must name
+    # the worker, the phase and its figures.
+    reports = [line for line in others if " held back by worker " in line]
+    assert all(STRAGGLER.match(line) for line in reports), "\n".join(reports)
+    others = [line for line in others if line not in reports]
     assert len(others) <= MAX_OTHER_LINES, "\n".join(others)
     assert in_log in (tmp_path / "logs" / "worker-0.log").read_text()
     assert os.path.isfile(tmp_path / "out" / "best.keras")
