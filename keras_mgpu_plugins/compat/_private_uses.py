@@ -293,21 +293,11 @@ PRIVATE_USES: tuple[PrivateUse, ...] = (
                "Create the optimizer inside the distribution: compile(optimizer='sgd') by name, "
                "or build it in the @kmp.parallelize factory."),
 )
-from keras_mgpu_plugins.compat._shuffle_checks import check_shuffle_draws  # noqa: E402
+from keras_mgpu_plugins.compat._shuffle_checks import SHUFFLE_PRIVATE_USE  # noqa: E402
 from keras_mgpu_plugins.compat._torch_uses import TORCH_PRIVATE_USES  # noqa: E402
 
-PRIVATE_USES += (
-    PrivateUse("keras_shuffle_draws", "how Keras's input adapters draw a shuffle on one process "
-               "(array adapter: np.random.permutation, torch's RandomSampler / randperm; "
-               "PyDataset adapter: random.shuffle)",
-               "fit(shuffle=True) on several processes (JAX, torch): every process draws one "
-               "device's order as Keras does (inputs.shuffle)", "3.10.0", _MAX,
-               check_shuffle_draws,
-               "kmp cannot draw one device's order: pass shuffle=False, or shuffle the arrays "
-               "yourself (seeded alike on every process) before fit."),
-)
-
-PRIVATE_USES += tuple(PrivateUse(**fields) for fields in TORCH_PRIVATE_USES)
+PRIVATE_USES += tuple(PrivateUse(**fields) for fields in (SHUFFLE_PRIVATE_USE,
+                                                           *TORCH_PRIVATE_USES))
 _BY_NAME = {use.name: use for use in PRIVATE_USES}
 
 

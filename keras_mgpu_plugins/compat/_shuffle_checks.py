@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import inspect
 
+from keras_mgpu_plugins.compat._checks import CHECKED_BELOW
+
 #: What each adapter's source must still say, by (module, attribute).
 EXPECTED = {
     ("keras.src.trainers.data_adapters.array_data_adapter", "ArrayDataAdapter"): (
@@ -38,3 +40,17 @@ def check_shuffle_draws() -> list[str]:
         where = f"{module}.{attribute}" if attribute else module
         problems += [f"{where} no longer has `{line}`" for line in lines if line not in source]
     return problems
+
+
+#: The fields of the private use `keras_shuffle_draws` (`compat._private_uses` makes it).
+SHUFFLE_PRIVATE_USE = {
+    "name": "keras_shuffle_draws",
+    "touches": "how Keras's input adapters draw a shuffle on one process (array adapter: "
+               "np.random.permutation, torch's RandomSampler / randperm; PyDataset adapter: "
+               "random.shuffle)",
+    "used_by": "fit(shuffle=True) on several processes (JAX, torch): every process draws one "
+               "device's order as Keras does (inputs.shuffle)",
+    "min_version": "3.10.0", "max_version": CHECKED_BELOW["keras"], "check": check_shuffle_draws,
+    "outside": "kmp cannot draw one device's order: pass shuffle=False, or shuffle the arrays "
+               "yourself (seeded alike on every process) before fit.",
+}

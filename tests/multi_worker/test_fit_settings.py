@@ -149,7 +149,9 @@ def test_used_iterators_are_destroyed_off_the_training_thread(workers):
 
     for worker in workers:
         threads, made, state = worker["iterator_release"]
-        assert made >= 2  # the epoch's iterator and the one Keras makes at the epoch's end
+        # the epoch's: kmp builds the model from the input's spec (no iterator drawn from),
+        # and for arrays defers the one Keras makes at the epoch's end
+        assert made >= 1
         assert threads == [REAPER_NAME] * made, state
 
 

@@ -301,3 +301,4 @@ def reset_for_tests() -> None:
     with _lock:
         _strategies.clear()
     collective.forget_for_tests()
+    one_strategy.forget_for_tests()

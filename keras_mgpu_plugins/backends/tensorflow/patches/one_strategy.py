@@ -24,6 +24,7 @@ from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.errors import StrategyError
 
 _SHARED = "_kmp_shared_strategy"  # set on kmp's strategy: its __init__ must not run again
+_shared: list[Any] = []  # the multi-worker strategy kmp made in this process (`share`)
 
 
 def patch_one_multi_worker_strategy() -> Callable[[], None]:
@@ -66,17 +67,18 @@ def constructs_anew() -> bool:
 
 
 def share(strategy: Any) -> None:
-    """Marks `strategy`, the multi-worker strategy kmp made, as the process's one."""
+    """Makes `strategy`, the multi-worker strategy kmp made, the process's one."""
     setattr(strategy, _SHARED, True)
+    _shared[:] = [strategy]
+
+
+def forget_for_tests() -> None:
+    """Forgets the process's strategy (as `strategy.reset_for_tests` forgets its cache)."""
+    _shared.clear()
 
 
 def _kmp_strategy(cls: type) -> Any | None:
-    from keras_mgpu_plugins.backends.tensorflow import strategy as _strategy
-
-    for (name, _), made in list(_strategy._strategies.items()):
-        if name == "multi_worker" and type(made) is cls and getattr(made, _SHARED, False):
-            return made
-    return None
+    return next((made for made in _shared if type(made) is cls), None)
 
 
 def _check_same(shared: Any, args: tuple, kwargs: dict) -> None:
