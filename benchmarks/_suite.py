@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
-import itertools
 import json
 import os
 import platform
@@ -47,44 +46,6 @@ def median_ratio(first: list[float], second: list[float]) -> tuple[float, list[f
     """The median over rounds of `first[i] / second[i]`, and each round's."""
     ratios = [a / b for a, b in zip(first, second, strict=True)]
     return statistics.median(ratios), ratios
-
-
-def step_clock() -> Any:
-    """A Keras callback that stamps the end of each training step: `step_ms()` is the median
-    interval between consecutive ends within an epoch, in ms.
-
-    A fit's wall time also holds what happens once per fit or epoch (the iterator, the
-    compiled step's lookup, the last steps' wait, the epoch hooks), which varies from fit to
-    fit by far more than 1% of a step (JAX, 2 processes on 2 cores: the same plain fit read
-    0.6 to 2.2 times its neighbour); the median interval is the step itself. It is
-    `async_safe`: where Keras hands batch-end hooks to its thread pool (JAX), it still does,
-    and there a hook runs once the step's logs are ready (Keras turns them into numbers
-    first), so a stamp is the step's end, not its dispatch; elsewhere Keras calls batch-end
-    hooks on the training thread after the step anyway. Its cost (one clock read a step) is
-    on both sides of a comparison.
-    """
-    import keras
-
-    class StepClock(keras.callbacks.Callback):
-        async_safe = True
-
-        def __init__(self) -> None:
-            super().__init__()
-            self._now: list[float] = []
-            self._epochs: list[list[float]] = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self._now.append(time.perf_counter())
-
-        def on_epoch_end(self, epoch, logs=None):  # Keras waits for the batch ends first
-            self._epochs.append(sorted(self._now))
-            self._now = []
-
-        def step_ms(self) -> float:
-            gaps = [b - a for ends in self._epochs for a, b in itertools.pairwise(ends)]
-            return 1e3 * statistics.median(gaps) if gaps else float("nan")
-
-    return StepClock()
 
 
 def versions() -> dict[str, str | None]:

@@ -13,9 +13,7 @@ hit all three alike:
   it deems thread-safe: not TensorFlow, see the printed `async dispatch`).
 
 Prints the median wall time per step of each setup and the ratios against
-`none`, measured in this one run (the goal held by the steps' own time: every fit carries
-`_suite.step_clock()`, a setup's step is the median interval between step ends, ratio
-`logger`; `logger_fit` is that of the whole fits), then the costs that make up the logger's
+`none`, measured in this one run, then the costs that make up the logger's
 share, each measured on its own: the per-batch hook, one sampler reading
 (taken off the training thread, once per `sample_interval`) and one epoch-end
 record (once per epoch).
@@ -33,7 +31,7 @@ import os
 import statistics
 import time
 
-from _suite import CALLBACK, Report, add_arguments, median_ratio, step_clock
+from _suite import CALLBACK, Report, add_arguments, median_ratio
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -82,25 +80,22 @@ def main(argv: list[str] | None = None) -> dict:
         "logger+batch_end": lambda: [DeviceMetricsLogger(), BatchEndNoOp()],
     }
 
-    def fit_seconds(callbacks) -> tuple[float, float, float]:
-        clock = step_clock()
+    def fit_seconds(callbacks) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.process_time()
         with contextlib.redirect_stdout(io.StringIO()):  # the logger's summary table
             model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0,
-                      callbacks=[*callbacks, clock])
-        return time.perf_counter() - wall, time.process_time() - cpu, clock.step_ms() / 1e3
+                      callbacks=callbacks)
+        return time.perf_counter() - wall, time.process_time() - cpu
 
     fit_seconds([])  # traces the train function once, for everyone
     wall: dict[str, list[float]] = {name: [] for name in setups}
     cpu: dict[str, list[float]] = {name: [] for name in setups}
-    step: dict[str, list[float]] = {name: [] for name in setups}
     names = list(setups)
     for r in range(args.repeats):
         for name in names[r % 3:] + names[: r % 3]:
-            w, c, t = fit_seconds(setups[name]())
+            w, c = fit_seconds(setups[name]())
             wall[name].append(w / args.steps)
             cpu[name].append(c / args.steps)
-            step[name].append(t)
 
     base, base_cpu = statistics.median(wall["none"]), statistics.median(cpu["none"])
     print(f"DeviceMetricsLogger overhead: {args.steps} steps x {args.repeats} fits per setup, "
@@ -149,22 +144,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"(without any callback: {keras.callbacks.CallbackList([], model=model)._async_train})")
     report = Report("device_metrics_overhead", "DeviceMetricsLogger at its defaults against a "
                     "plain fit, one device", args.quick)
-    how = (f"one device, Dense {args.units}x2, batch {args.batch}, {args.steps}-step fits, "
-           f"{args.repeats} fits per setup in rotating order")
-    ratio, ratios = median_ratio(step["none"], step["logger"])
+    ratio, ratios = median_ratio(wall["none"], wall["logger"])
     report.ratio("logger", f"fit with DeviceMetricsLogger() / plain fit, speed per step "
                  f"({keras.backend.backend()})", ratio, CALLBACK, ratios,
-                 f"{how}; the median step {1e3 * statistics.median(step['logger']):.3f} ms "
-                 f"against {1e3 * statistics.median(step['none']):.3f} (intervals between step "
-                 f"ends); the parts: per-batch hook {1e6 * per_batch:.2f} us, epoch-end record "
-                 f"{1e3 * epoch_end:.2f} ms")
-    fit_ratio, fit_ratios = median_ratio(wall["none"], wall["logger"])
-    report.ratio("logger_fit", f"fit with DeviceMetricsLogger() / plain fit, speed of whole "
-                 f"fits ({keras.backend.backend()})", fit_ratio, None, fit_ratios, how)
+                 f"one device, Dense {args.units}x2, batch {args.batch}, {args.steps}-step fits, "
+                 f"{args.repeats} fits per setup in rotating order; the parts: per-batch hook "
+                 f"{1e6 * per_batch:.2f} us, epoch-end record {1e3 * epoch_end:.2f} ms")
     for name in names:
         report.row(f"{name}, wall time a step", 1e3 * statistics.median(wall[name]), "ms")
-        report.row(f"{name}, median step (between step ends)",
-                   1e3 * statistics.median(step[name]), "ms")
     return report.finish(args.json)
 
 
