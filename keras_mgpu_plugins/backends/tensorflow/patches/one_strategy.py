@@ -23,7 +23,6 @@ from typing import Any
 from keras_mgpu_plugins.compat._names import resolve
 from keras_mgpu_plugins.errors import StrategyError
 
-_SHARED = "_kmp_shared_strategy"  # set on kmp's strategy: its __init__ must not run again
 _shared: list[Any] = []  # the multi-worker strategy kmp made in this process (`share`)
 
 
@@ -42,7 +41,7 @@ def patch_one_multi_worker_strategy() -> Callable[[], None]:
         return super(cls, klass).__new__(klass)
 
     def __init__(self, *args, **kwargs):
-        if getattr(self, _SHARED, False):
+        if any(self is made for made in _shared):
             return  # kmp's, already made: returned as it is
         original_init(self, *args, **kwargs)
 
@@ -68,7 +67,6 @@ def constructs_anew() -> bool:
 
 def share(strategy: Any) -> None:
     """Makes `strategy`, the multi-worker strategy kmp made, the process's one."""
-    setattr(strategy, _SHARED, True)
     _shared[:] = [strategy]
 
 
